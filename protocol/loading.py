@@ -1,0 +1,227 @@
+"""Load a JobSpec from YAML with dotted ``key=value`` overrides; errors name the field path.
+
+``load_job_spec("job.yaml", ["rollout.max_tokens=512"])`` reads the file, applies the overrides
+(values parsed as YAML: ``5`` is an int, ``true`` a bool, ``[1, 2]`` a list) and validates. Any
+problem raises ``SpecError`` whose lines read like
+``rollout.max_tokns: unknown field — did you mean max_tokens?``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from fp8rl.protocol.base import UNION_TAGS
+from fp8rl.protocol.job import JobSpec
+
+
+class SpecError(ValueError):
+    """A job spec that cannot be used; ``problems`` holds one human-readable line per problem."""
+
+    def __init__(self, problems: Sequence[str], source: str = "job spec") -> None:
+        self.problems = list(problems)
+        self.source = source
+        super().__init__(f"invalid {source}:\n" + "\n".join(f"  {p}" for p in self.problems))
+
+
+def load_job_spec(path: str | Path, overrides: Iterable[str] = ()) -> JobSpec:
+    """Read a YAML JobSpec, apply ``key=value`` overrides and validate.
+
+    Raises:
+        SpecError: unreadable file, malformed YAML or override, or invalid fields (each named).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError([f"cannot read {path}: {exc.strerror or exc}"], str(path)) from None
+    return parse_job_spec(text, overrides, source=str(path))
+
+
+def parse_job_spec(
+    text: str, overrides: Iterable[str] = (), *, source: str = "job spec"
+) -> JobSpec:
+    """Like ``load_job_spec`` but from YAML text."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError([f"not valid YAML: {exc}"], source) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpecError([f"top level must be a mapping, got {type(data).__name__}"], source)
+    for item in overrides:
+        apply_override(data, item)
+    return validate_job_spec(data, source=source)
+
+
+def validate_job_spec(data: dict[str, Any], *, source: str = "job spec") -> JobSpec:
+    """Validate a plain dict as a JobSpec, converting pydantic errors into ``SpecError``."""
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(describe_errors(exc, data, JobSpec), source) from None
+
+
+def apply_override(data: dict[str, Any], item: str) -> None:
+    """Set ``a.b.c=value`` in the nested dict ``data`` (list elements by index: ``a.0.b=1``).
+
+    Raises:
+        SpecError: the override has no ``=`` or walks through a non-container value.
+    """
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise SpecError(
+            [f"override {item!r} must look like key=value (e.g. rollout.max_tokens=512)"]
+        )
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    parts = key.strip().split(".")
+    node: Any = data
+    for depth, part in enumerate(parts[:-1]):
+        where = ".".join(parts[: depth + 1])
+        if isinstance(node, list):
+            node = _list_item(node, part, where)
+            continue
+        if not isinstance(node, dict):
+            raise SpecError([f"{where}: cannot set a field inside a {type(node).__name__}"])
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        node = child
+    last = parts[-1]
+    if isinstance(node, list):
+        node[_index(last, key, len(node))] = value
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        raise SpecError([f"{key}: cannot set a field inside a {type(node).__name__}"])
+
+
+def _index(part: str, where: str, length: int) -> int:
+    if not part.isdigit() or int(part) >= length:
+        raise SpecError([f"{where}: list index must be in 0..{length - 1}, got {part!r}"])
+    return int(part)
+
+
+def _list_item(node: list[Any], part: str, where: str) -> Any:
+    return node[_index(part, where, len(node))]
+
+
+def describe_errors(exc: ValidationError, data: Any, model: type[BaseModel]) -> list[str]:
+    """One line per pydantic error: ``dotted.path: reason`` (with did-you-mean for unknown keys)."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        loc = tuple(err["loc"])
+        path = _data_path(loc, data)
+        dotted = ".".join(str(p) for p in path) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            allowed = _allowed_fields(loc[:-1], model)
+            hint = difflib.get_close_matches(str(loc[-1]), allowed, n=1, cutoff=0.6)
+            msg = "unknown field"
+            if hint:
+                msg += f" — did you mean {hint[0]}?"
+            elif allowed:
+                msg += f" — valid fields: {', '.join(sorted(allowed))}"
+            lines.append(f"{dotted}: {msg}")
+            continue
+        if err["type"] == "union_tag_invalid":
+            ctx = err.get("ctx", {})
+            tag = ctx.get("tag")
+            given = err.get("input")
+            key = (
+                next((k for k, v in given.items() if v == tag), None)
+                if isinstance(given, dict)
+                else None
+            )
+            where = f"{dotted}.{key}" if key else dotted
+            lines.append(
+                f"{where}: unknown kind {tag!r}; expected one of {ctx.get('expected_tags')}"
+            )
+            continue
+        msg = err["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        given = err.get("input")
+        if err["type"] != "missing" and path and not isinstance(given, dict | list):
+            msg += f" (got {given!r})"
+        lines.append(f"{dotted}: {msg}")
+    return lines
+
+
+def _data_path(loc: tuple[Any, ...], data: Any) -> list[Any]:
+    """Drop the union tags pydantic inserts into ``loc``: keep only steps that exist in ``data``."""
+    path, node = [], data
+    for part in loc:
+        if (isinstance(node, dict) and part in node) or (
+            isinstance(node, list) and isinstance(part, int) and part < len(node)
+        ):
+            path.append(part)
+            node = node[part]
+        elif not (isinstance(part, str) and part in UNION_TAGS):
+            path.append(part)  # a missing field, or a step below a non-mapping value
+            node = None
+        # else: a union tag pydantic inserts between a field and the variant's fields
+    return path
+
+
+def _allowed_fields(loc: tuple[Any, ...], model: type[BaseModel]) -> list[str]:
+    """Field names of the model found by walking ``loc`` from ``model`` (union tags included)."""
+    candidates: list[Any] = [model]
+    for part in loc:
+        nxt: list[Any] = []
+        for cand in candidates:
+            for cls in _models_in(cand):
+                if isinstance(part, str) and part in cls.model_fields:
+                    nxt.append(cls.model_fields[part].annotation)
+                elif isinstance(part, str) and _tag_of(cls) == part:
+                    nxt.append(cls)
+            if isinstance(part, int):
+                nxt.extend(_list_items(cand))
+        candidates = nxt
+        if not candidates:
+            return []
+    names: list[str] = []
+    for cand in candidates:
+        for cls in _models_in(cand):
+            names.extend(cls.model_fields)
+    return sorted(set(names))
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _models_in(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+    return []
+
+
+def _list_items(annotation: Any) -> list[Any]:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _list_items(typing.get_args(annotation)[0])
+    if origin in (list, tuple):
+        return list(typing.get_args(annotation)[:1])
+    if origin in (typing.Union, types.UnionType):
+        return [i for arg in typing.get_args(annotation) for i in _list_items(arg)]
+    return []
+
+
+def _tag_of(cls: type[BaseModel]) -> str | None:
+    for key in ("backend", "type"):
+        field = cls.model_fields.get(key)
+        if field is not None and isinstance(field.default, str):
+            return field.default
+    return None

@@ -1,0 +1,63 @@
+"""Reward functions and how truncated responses are scored."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from fp8rl.protocol.base import StrictModel
+
+BUILTIN_REWARDS = ("arithmetic", "gsm8k", "gsm8k_flexible", "math", "format")
+"""Reward functions resolvable by name; anything with a dot is a ``module:function`` or dotted path."""
+
+
+class RewardFnSpec(StrictModel):
+    """One reward term; the total reward is the weighted sum of all terms."""
+
+    name: str = "arithmetic"
+    """A built-in name (BUILTIN_REWARDS) or a dotted path ``package.module.function``."""
+
+    weight: float = 1.0
+    """Multiplier of this term in the total reward."""
+
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra keyword arguments given to the function."""
+
+
+class RemoteRewardSpec(StrictModel):
+    """A reward model served over HTTP (POST JSON {prompt, response, answer} → {reward})."""
+
+    url: str
+    """Endpoint URL."""
+
+    timeout_s: float = Field(default=30.0, gt=0)
+    """Per-request timeout."""
+
+    max_retries: int = Field(default=3, ge=0)
+    """Retries on timeouts and 5xx, with exponential backoff."""
+
+    weight: float = 1.0
+    """Multiplier of this term in the total reward."""
+
+
+class RewardSpec(StrictModel):
+    """Scoring of responses."""
+
+    functions: list[RewardFnSpec] = Field(default_factory=lambda: [RewardFnSpec()])
+    """Reward terms, summed with their weights."""
+
+    remote: RemoteRewardSpec | None = None
+    """Optional remote reward model, added to the sum."""
+
+    truncated: Literal["score", "zero", "penalty"] = "score"
+    """A response cut at max_tokens: score it as is, give it 0, or give it ``truncated_penalty``."""
+
+    truncated_penalty: float = -1.0
+    """Reward of a truncated response when ``truncated=penalty``."""
+
+    timeout_s: float = Field(default=10.0, gt=0)
+    """Outer timeout per response for verifier-based rewards (math-verify); a timeout scores 0."""
+
+    num_workers: int = Field(default=1, ge=1)
+    """Reward actors."""

@@ -1,0 +1,115 @@
+"""Run-level settings: placement and resources, logging, checkpoints, evaluation."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from fp8rl.protocol.base import StrictModel
+from fp8rl.protocol.data_spec import DatasetSpec
+
+TrackingBackend = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]
+
+
+class ResourcesSpec(StrictModel):
+    """Where the workers run."""
+
+    ray_address: str | None = None
+    """Ray cluster to attach to (``auto``, ``ray://host:10001``); None: attach if one is reachable, else start a local one."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Compute device of the workers; ``auto`` = CUDA when available."""
+
+    placement: Literal["colocated", "disaggregated"] = "colocated"
+    """``colocated``: rollout, reference and trainer share devices; ``disaggregated``: each role owns its GPUs."""
+
+    num_nodes: int = Field(default=1, ge=1)
+    """Nodes the run spans."""
+
+    cpus_per_worker: float = Field(default=1.0, gt=0)
+    """CPU cores reserved per Ray actor."""
+
+
+class WandbSpec(StrictModel):
+    """Weights & Biases settings (needs the ``wandb`` extra)."""
+
+    project: str = "fp8rl"
+    """W&B project."""
+
+    mode: Literal["online", "offline", "disabled"] = "offline"
+    """``offline`` writes locally (sync later with ``wandb sync``)."""
+
+
+class MLflowSpec(StrictModel):
+    """MLflow settings (needs the ``mlflow`` extra)."""
+
+    tracking_uri: str | None = None
+    """Tracking server or ``file:`` store; None: ``file:<run_dir>/mlruns``."""
+
+    experiment: str = "fp8rl"
+    """Experiment name."""
+
+
+class LoggingSpec(StrictModel):
+    """Experiment tracking. JSONL metrics in the run directory are always written."""
+
+    backends: list[TrackingBackend] = Field(
+        default_factory=lambda: ["console", "jsonl", "tensorboard"]
+    )
+    """Tracking backends, several at once."""
+
+    wandb: WandbSpec = Field(default_factory=WandbSpec)
+    """W&B options."""
+
+    mlflow: MLflowSpec = Field(default_factory=MLflowSpec)
+    """MLflow options."""
+
+    log_generations: int = Field(default=2, ge=0)
+    """Sample responses logged per step (and per evaluation) as a table."""
+
+    @field_validator("backends")
+    @classmethod
+    def _jsonl_always(cls, value: list[str]) -> list[str]:
+        return list(dict.fromkeys([*value, "jsonl"]))
+
+
+class CheckpointSpec(StrictModel):
+    """Checkpoints of the full training state."""
+
+    every_n_steps: int = Field(default=0, ge=0)
+    """Save every N steps (0: only at the end when ``save_final``)."""
+
+    keep_last: int = Field(default=2, ge=1)
+    """Checkpoints kept; older ones are deleted after a new one is complete."""
+
+    save_final: bool = True
+    """Save after the last step."""
+
+    resume: str = "auto"
+    """``auto``: continue from the run directory's latest checkpoint if any; ``never``; or a checkpoint path."""
+
+    allow_quant_change: bool = False
+    """Resume from a checkpoint whose quant fingerprint differs from this spec's."""
+
+
+class EvalSpec(StrictModel):
+    """Held-out evaluation during training."""
+
+    every_n_steps: int = Field(default=0, ge=0)
+    """Evaluate every N steps (0 = never) and after the last step when N > 0."""
+
+    datasets: list[DatasetSpec] = Field(default_factory=list)
+    """Evaluation sets; each is logged as ``val/<name>/acc``."""
+
+    limit: int | None = Field(default=None, ge=1)
+    """Evaluate on the first ``limit`` problems of each set."""
+
+    n: int = Field(default=1, ge=1)
+    """Samples per problem: pass@1 uses the first; mean@n averages all."""
+
+    temperature: float = Field(default=0.0, ge=0)
+    """Evaluation temperature (0 = greedy)."""
+
+    max_tokens: int = Field(default=256, ge=1)
+    """Evaluation response length."""

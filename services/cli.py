@@ -1,0 +1,36 @@
+"""The ``fp8rl`` command line. Each command lives in ``fp8rl.services.commands.<name>``.
+
+Commands import torch/ray lazily, so ``fp8rl --help`` and ``fp8rl validate`` stay fast. Errors a
+user can fix (a bad spec, a missing file) print one readable message and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from fp8rl.services.commands import validate
+
+app = typer.Typer(
+    name="fp8rl",
+    help="On-policy RL for LLMs in FP8: one precision flow for rollout and trainer.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """On-policy RL for LLMs in FP8: one precision flow for rollout and trainer."""
+
+
+validate.register(app)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()
