@@ -39,6 +39,16 @@ class RolloutCorrectionSpec(StrictModel):
     threshold_high: float = Field(default=2.0, gt=0)
     """Upper bound (TIS truncation, MIS/IcePop mask, seq_mask error limit)."""
 
+    @model_validator(mode="after")
+    def _weight_one_is_accepted(self) -> RolloutCorrectionSpec:
+        if not self.threshold_low <= 1.0 <= self.threshold_high:
+            raise ValueError(
+                f"rollout_correction thresholds [{self.threshold_low}, {self.threshold_high}] must "
+                "contain 1.0: when rollout and trainer agree (IS weight 1, mult-prob error 1) the "
+                "correction must be a no-op (threshold_low <= 1 <= threshold_high)"
+            )
+        return self
+
 
 class AlgorithmSpec(StrictModel):
     """How advantages and the policy loss are computed."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from fp8rl.protocol.base import StrictModel
 
@@ -37,6 +37,12 @@ class RemoteRewardSpec(StrictModel):
     max_retries: int = Field(default=3, ge=0)
     """Retries on timeouts and 5xx, with exponential backoff."""
 
+    backoff_s: float = Field(default=0.5, ge=0)
+    """Wait before the first retry; doubled after each further retry."""
+
+    max_concurrency: int = Field(default=8, ge=1)
+    """Requests in flight at once from one reward worker."""
+
     weight: float = 1.0
     """Multiplier of this term in the total reward."""
 
@@ -45,7 +51,7 @@ class RewardSpec(StrictModel):
     """Scoring of responses."""
 
     functions: list[RewardFnSpec] = Field(default_factory=lambda: [RewardFnSpec()])
-    """Reward terms, summed with their weights."""
+    """Reward terms, summed with their weights (one term per function name)."""
 
     remote: RemoteRewardSpec | None = None
     """Optional remote reward model, added to the sum."""
@@ -61,3 +67,18 @@ class RewardSpec(StrictModel):
 
     num_workers: int = Field(default=1, ge=1)
     """Reward actors."""
+
+    verifier_processes: int = Field(default=1, ge=1)
+    """Child processes per reward worker running math-verify (each call bounded by ``timeout_s``)."""
+
+    @field_validator("functions")
+    @classmethod
+    def _distinct_names(cls, value: list[RewardFnSpec]) -> list[RewardFnSpec]:
+        names = [term.name for term in value]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(
+                f"reward function(s) {', '.join(duplicates)} listed twice; terms are logged by "
+                "name, so list each function once (combine weights into one term)"
+            )
+        return value

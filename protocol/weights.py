@@ -45,8 +45,9 @@ class TensorEntry(StrictModel):
 class WeightUpdate(StrictModel):
     """A complete set of policy weights at one version."""
 
-    version: int = Field(ge=1)
-    """Policy version (optimizer steps taken); must increase with every applied update."""
+    version: int = Field(ge=0)
+    """Policy version = optimizer steps taken (0: the initial weights); must increase with every
+    applied update (an engine that has applied none accepts any version)."""
 
     quant_fingerprint: str | None
     """QuantConfig fingerprint the FP8 codes were made with (None for all-dense updates)."""

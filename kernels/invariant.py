@@ -1,0 +1,154 @@
+"""Parity-safe ops: the non-GEMM math of the shared decoder, with a batch-invariant ``exact`` path.
+
+Bitwise parity between the rollout engine (prefill + KV-cache decode, any batch) and the trainer
+(one forward over whole sequences) needs every op on the shared path to compute a token's row
+with arithmetic that does not depend on how many other rows are in the batch, on the row's
+position in the batch, or on how many (masked) keys follow it. BLAS kernels and reductions pick
+their blocking from the shape, so in ``exact`` mode every order-sensitive reduction here is done
+in float64 and the result rounded once to the model's compute dtype (BF16 activations, BF16
+logits): the float64 results of two summation orders differ by a few float64 ulps, far below one
+BF16 ulp, so the rounded values agree except when a float64 value falls within ~1e-16 (relative)
+of a BF16 rounding boundary (≈1e-13 per element). The FP8 GEMMs themselves are exact by
+construction (``fp8rl.kernels`` emulation: per-128 K-block partials are exact in float64).
+
+Elementwise ops (residual adds, RoPE with a precomputed table, SiLU in float64) are bitwise
+deterministic per element. Masked attention keys contribute exact zeros, so a decode step over a
+KV cache of any capacity equals the trainer's causal row.
+
+The fast (``exact=False``) paths use the usual fused kernels (SDPA, BF16 GEMM, fp32 softmax) and
+are the ones to use on GPU for speed.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float, *, exact: bool = False) -> Tensor:
+    """RMSNorm (Zhang & Sennrich 2019; Llama/Qwen convention: normalise in high precision, then
+    scale by ``weight``).
+
+    Args:
+        x: [..., H] activations in the compute dtype.
+        weight: [H] gain (any float dtype; cast to the compute dtype like Hugging Face Llama).
+        eps: added to the mean square.
+        exact: compute the mean square in float64 (batch-invariant after rounding).
+    Returns:
+        [..., H] in x.dtype.
+    """
+    acc = torch.float64 if exact else torch.float32
+    h = x.to(acc)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight.to(x.dtype) * h.to(x.dtype)
+
+
+def silu_mul(gate: Tensor, up: Tensor, *, exact: bool = False) -> Tensor:
+    """SwiGLU's elementwise part ``silu(gate) * up`` ([..., I] → [..., I], dtype of ``gate``).
+
+    ``exact`` evaluates in float64 so vectorised and scalar ``exp`` paths round to the same BF16.
+    """
+    if not exact:
+        return F.silu(gate) * up
+    return (F.silu(gate.double()) * up.double()).to(gate.dtype)
+
+
+def rope_table(head_dim: int, max_positions: int, inv_freq: Tensor) -> tuple[Tensor, Tensor]:
+    """cos/sin tables [max_positions, head_dim] (float32) for rotate-half RoPE (Su et al. 2021).
+
+    Built once per model so prefill, decode and the trainer index the *same* values (recomputing
+    cos for one position can round differently from computing it inside a long vector).
+    """
+    pos = torch.arange(max_positions, dtype=torch.float64)
+    freqs = torch.outer(pos, inv_freq.double())
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().float(), emb.sin().float()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate-half RoPE. x: [B, heads, L, D]; cos/sin: [B, L, D] float32 rows of ``rope_table``.
+
+    Computed in float32 and rounded once to x.dtype (elementwise, hence batch-invariant).
+    """
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    xf = x.float()
+    half = xf.shape[-1] // 2
+    rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
+    return (xf * cos + rotated * sin).to(x.dtype)
+
+
+def attention_mask(q_pos: Tensor, k_len: Tensor, num_keys: int) -> Tensor:
+    """Boolean mask [B, 1, Lq, Lk]: key j is visible to a query at position p iff j <= p and j < k_len.
+
+    Keys are stored at index = position (no left padding), which is what makes the trainer's
+    causal row and a KV-cache decode step see the same keys at the same indices.
+    q_pos: [B, Lq] int64 positions; k_len: [B] valid keys per sequence.
+    """
+    j = torch.arange(num_keys, device=q_pos.device)
+    visible = (j[None, None, :] <= q_pos[:, :, None]) & (j[None, None, :] < k_len[:, None, None])
+    return visible[:, None]
+
+
+def attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *, scale: float, exact: bool = False
+) -> Tensor:
+    """Masked multi-head attention with grouped KV heads (GQA).
+
+    Args:
+        q: [B, H, Lq, D]; k, v: [B, Hkv, Lk, D] with H a multiple of Hkv; compute dtype.
+        mask: [B, 1, Lq, Lk] bool, True = visible (every query must see at least one key).
+        scale: softmax scale (usually D**-0.5).
+        exact: float64 scores/softmax/PV rounded once to q.dtype (batch- and length-invariant).
+    Returns:
+        [B, H, Lq, D] in q.dtype.
+    """
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+    if not exact:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    scores = torch.matmul(q.double(), k.double().transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, v.double()).to(q.dtype)
+
+
+def dense_linear(
+    x: Tensor, weight: Tensor, bias: Tensor | None = None, *, exact: bool = False
+) -> Tensor:
+    """y = x·Wᵀ + b for layers kept in BF16/FP32 (lm_head, embeddings-tied heads, BF16 mode).
+
+    x: [..., K] compute dtype; weight: [N, K] (cast to x.dtype first, so an FP32 master weight
+    computes like its BF16 copy on the rollout side); returns [..., N] in x.dtype. ``exact``
+    accumulates in float64 and rounds once.
+    """
+    w = weight.to(x.dtype)
+    b = None if bias is None else bias.to(x.dtype)
+    if not exact:
+        return F.linear(x, w, b)
+    y = F.linear(x.double(), w.double(), None if b is None else b.double())
+    return y.to(x.dtype)
+
+
+def token_logprobs(
+    logits: Tensor, tokens: Tensor, *, temperature: float = 1.0, exact: bool = False
+) -> Tensor:
+    """log p(token) under the full-vocabulary softmax of logits/temperature.
+
+    Not renormalised after top-k/top-p filtering: that is the distribution the trainer scores, so
+    importance ratios stay unbiased. temperature <= 0 (greedy) scores the T=1 softmax.
+
+    Args:
+        logits: [..., V] (BF16 or FP32). tokens: [...] int64 ids.
+        exact: log-softmax in float64 (order-insensitive after rounding to float32).
+    Returns:
+        [...] float32.
+    """
+    acc = torch.float64 if exact else torch.float32
+    scaled = logits.to(acc)
+    if temperature > 0 and temperature != 1.0:
+        scaled = scaled / temperature
+    logp = torch.log_softmax(scaled, dim=-1)
+    return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).float()

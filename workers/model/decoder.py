@@ -1,0 +1,222 @@
+"""The one decoder: used by the native trainer, the reference worker and the native rollout engine.
+
+This is how fp8rl makes "the rollout graph is a subgraph of the training graph" true by
+construction (Jet-RL §3; DESIGN.md §4): there is no second copy of the model for inference. The
+trainer calls ``forward`` over whole (right-padded) sequences; the rollout engine calls the same
+``forward`` for prefill and for each decode step with a ``KVCache``. Every linear layer is chosen
+per precision mode by ``make_linear`` (FP8 with the shared quantizers, or dense BF16), and every
+other op comes from ``fp8rl.kernels.invariant`` with the batch-invariant path when
+``precision.exact`` is on.
+
+Parameter names follow Hugging Face Llama/Qwen checkpoints (``model.layers.0.self_attn.q_proj``),
+so safetensors load without a mapping table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from fp8rl.kernels.invariant import (
+    apply_rope,
+    attention,
+    attention_mask,
+    dense_linear,
+    rms_norm,
+    rope_table,
+    silu_mul,
+    token_logprobs,
+)
+from fp8rl.workers.model.config import DecoderConfig
+from fp8rl.workers.model.linear import LayerPrecision, make_linear
+
+
+@dataclass
+class KVCache:
+    """Per-layer key/value storage, indexed by position: k[l], v[l] are [B, Hkv, capacity, D]."""
+
+    k: list[Tensor]
+    v: list[Tensor]
+
+    @classmethod
+    def allocate(cls, config: DecoderConfig, *, batch: int, capacity: int, dtype: torch.dtype,
+                 device: torch.device | str) -> KVCache:
+        """Zero-filled cache for ``batch`` sequences of up to ``capacity`` positions."""
+        shape = (batch, config.num_key_value_heads, capacity, config.head_dim)
+        layers = range(config.num_hidden_layers)
+        return cls([torch.zeros(shape, dtype=dtype, device=device) for _ in layers],
+                   [torch.zeros(shape, dtype=dtype, device=device) for _ in layers])
+
+    @property
+    def capacity(self) -> int:
+        """Positions each sequence can hold."""
+        return self.k[0].shape[2]
+
+    def select(self, index: Tensor) -> KVCache:
+        """A cache holding only the sequences ``index`` (e.g. to replicate a prefill n times)."""
+        return KVCache([k.index_select(0, index) for k in self.k], [v.index_select(0, index) for v in self.v])
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with a learned gain (see ``fp8rl.kernels.invariant.rms_norm``)."""
+
+    def __init__(self, dim: int, eps: float, *, exact: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps, self.exact = eps, exact
+
+    def forward(self, x: Tensor) -> Tensor:
+        return rms_norm(x, self.weight, self.eps, exact=self.exact)
+
+
+class Attention(nn.Module):
+    """GQA self-attention with RoPE, optional q/k biases (Qwen2.5) and q/k RMSNorm (Qwen3)."""
+
+    def __init__(self, config: DecoderConfig, prefix: str, precision: LayerPrecision) -> None:
+        super().__init__()
+        c, h, d = config, config.hidden_size, config.head_dim
+        self.heads, self.kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, d
+        self.exact = precision.exact
+        bias = c.attention_bias
+        self.q_proj = make_linear(f"{prefix}.q_proj", h, self.heads * d, bias, precision)
+        self.k_proj = make_linear(f"{prefix}.k_proj", h, self.kv_heads * d, bias, precision)
+        self.v_proj = make_linear(f"{prefix}.v_proj", h, self.kv_heads * d, bias, precision)
+        self.o_proj = make_linear(f"{prefix}.o_proj", self.heads * d, h, False, precision)
+        if c.qk_norm:
+            self.q_norm = RMSNorm(d, c.rms_norm_eps, exact=self.exact)
+            self.k_norm = RMSNorm(d, c.rms_norm_eps, exact=self.exact)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, k_len: Tensor,
+                cache: tuple[Tensor, Tensor] | None) -> Tensor:
+        b, length, _ = x.shape
+        q = self.q_proj(x).view(b, length, self.heads, self.head_dim)
+        k = self.k_proj(x).view(b, length, self.kv_heads, self.head_dim)
+        v = self.v_proj(x).view(b, length, self.kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q.transpose(1, 2), cos, sin)
+        k = apply_rope(k.transpose(1, 2), cos, sin)
+        v = v.transpose(1, 2)
+        if cache is not None:
+            k_cache, v_cache = cache
+            index = positions[:, None, :, None].expand(-1, self.kv_heads, -1, self.head_dim)
+            k_cache.scatter_(2, index, k)
+            v_cache.scatter_(2, index, v)
+            k, v = k_cache, v_cache
+        mask = attention_mask(positions, k_len, k.shape[2])
+        out = attention(q, k, v, mask, scale=self.head_dim**-0.5, exact=self.exact)
+        return self.o_proj(out.transpose(1, 2).reshape(b, length, self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: DecoderConfig, prefix: str, precision: LayerPrecision) -> None:
+        super().__init__()
+        h, i = config.hidden_size, config.intermediate_size
+        self.gate_proj = make_linear(f"{prefix}.gate_proj", h, i, False, precision)
+        self.up_proj = make_linear(f"{prefix}.up_proj", h, i, False, precision)
+        self.down_proj = make_linear(f"{prefix}.down_proj", i, h, False, precision)
+        self.exact = precision.exact
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x), exact=self.exact))
+
+
+class Block(nn.Module):
+    """Pre-norm decoder block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: DecoderConfig, index: int, precision: LayerPrecision) -> None:
+        super().__init__()
+        prefix = f"model.layers.{index}"
+        layer_precision = precision.for_block(index, config.num_hidden_layers)
+        eps, exact = config.rms_norm_eps, precision.exact
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, exact=exact)
+        self.self_attn = Attention(config, f"{prefix}.self_attn", layer_precision)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, exact=exact)
+        self.mlp = MLP(config, f"{prefix}.mlp", layer_precision)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, k_len: Tensor,
+                cache: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, k_len, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class _Backbone(nn.Module):
+    def __init__(self, config: DecoderConfig, precision: LayerPrecision) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        nn.init.normal_(self.embed_tokens.weight, std=0.02)  # HF initializer_range (random presets)
+        self.layers = nn.ModuleList(Block(config, i, precision) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, exact=precision.exact)
+
+
+class Decoder(nn.Module):
+    """Llama 3.x / Qwen2.5 / Qwen3 decoder with precision-selected linear layers.
+
+    Args:
+        config: architecture.
+        precision: compute dtype, FP8 or dense linears, BF16-kept modules, exact mode, and whether
+            linear layers hold trainable master weights or inference-only FP8 codes.
+        max_positions: length of the RoPE table (prompt + response).
+    """
+
+    def __init__(self, config: DecoderConfig, precision: LayerPrecision, *, max_positions: int) -> None:
+        super().__init__()
+        self.config, self.precision = config, precision
+        self.model = _Backbone(config, precision)
+        if not config.tie_word_embeddings:
+            self.lm_head = make_linear("lm_head", config.hidden_size, config.vocab_size, False, precision)
+        cos, sin = rope_table(config.head_dim, max_positions, config.inv_freq())
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.gradient_checkpointing = False
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """Dtype of activations (BF16 or FP32)."""
+        return self.precision.dtype
+
+    def forward(self, input_ids: Tensor, positions: Tensor, k_len: Tensor,
+                cache: KVCache | None = None) -> Tensor:
+        """Final hidden states [B, L, H] (compute dtype) for tokens at the given positions.
+
+        Args:
+            input_ids: [B, L] int64 (right-padded when lengths differ).
+            positions: [B, L] int64 position of each token (key index in the cache).
+            k_len: [B] number of valid keys per sequence (its length so far, this chunk included).
+            cache: KV cache written at ``positions`` and attended over; None = keys are this chunk.
+        """
+        if int(positions.max()) >= self.rope_cos.shape[0]:
+            raise ValueError(
+                f"position {int(positions.max())} exceeds max_positions {self.rope_cos.shape[0]}"
+            )
+        x = F.embedding(input_ids, self.model.embed_tokens.weight).to(self.compute_dtype)
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        for i, layer in enumerate(self.model.layers):
+            kv = None if cache is None else (cache.k[i], cache.v[i])
+            if self.gradient_checkpointing and self.training and cache is None:
+                x = checkpoint(layer, x, cos, sin, positions, k_len, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, positions, k_len, kv)
+        return self.model.norm(x)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """Vocabulary logits [..., V] in the compute dtype from hidden states [..., H]."""
+        if self.config.tie_word_embeddings:
+            return dense_linear(hidden, self.model.embed_tokens.weight, exact=self.precision.exact)
+        return self.lm_head(hidden)
+
+    def token_logprobs(self, hidden: Tensor, tokens: Tensor, *, temperature: float) -> Tensor:
+        """log p(tokens) [...] (float32) under softmax(logits/temperature), from hidden [..., H].
+
+        The rollout engine and the trainer both score tokens through this method.
+        """
+        return token_logprobs(self.logits(hidden), tokens, temperature=temperature,
+                              exact=self.precision.exact)

@@ -1,0 +1,1 @@
+"""The frozen reference policy (KL anchor)."""

@@ -1,0 +1,61 @@
+"""ReferenceWorker: the frozen initial policy, scored with the trainer's forward precision.
+
+In ``unified_fp8`` its linears are FP8 (the initial weights' codes), so the KL term compares two
+policies computed the same way; in ``bf16``/``fp8_rollout`` it is BF16 like the trainer.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from fp8rl.protocol import Handshake, ModelSpec, PrecisionSpec, WeightUpdate
+from fp8rl.workers.common import handshake, load_model, pick_device
+from fp8rl.workers.model.build import layer_precision
+from fp8rl.workers.model.scoring import PackedBatch, response_logprobs
+from fp8rl.workers.weight_sync.update import apply_update
+
+
+class ReferenceWorker:
+    """Reference policy actor. Args: model, precision sub-specs; device; micro_batch_size."""
+
+    def __init__(self, model: ModelSpec, precision: PrecisionSpec, *, device: str = "auto",
+                 micro_batch_size: int = 8, seed: int = 0) -> None:
+        self.precision, self.micro = precision, micro_batch_size
+        self.device = pick_device(device)
+        self.layer_precision = layer_precision(model, precision, role="reference", trainable=False)
+        self.model, _ = load_model(model, precision, role="reference", trainable=False,
+                                   device=self.device, seed=seed)
+        self.fingerprint = precision.quant.fingerprint() if self.layer_precision.fp8 else None
+        self.applied_version: int | None = None
+
+    def handshake(self) -> Handshake:
+        """Quant contract report for the driver."""
+        return handshake("reference", self.precision, self.layer_precision, device=self.device)
+
+    @torch.no_grad()
+    def logprobs(self, batch: PackedBatch, *, temperature: float) -> Tensor:
+        """Reference logprobs [B, R] (float32, CPU) of the batch's response tokens."""
+        out = []
+        width = batch.response_ids.shape[1]
+        for start in range(0, batch.input_ids.shape[0], self.micro):
+            micro = batch.select(slice(start, start + self.micro)).to(self.device)
+            logp = response_logprobs(self.model, micro, temperature=temperature).cpu()
+            out.append(torch.nn.functional.pad(logp, (0, width - logp.shape[1])))
+        return torch.cat(out)
+
+    def apply_weights(self, update: WeightUpdate, payload: dict[str, Tensor]) -> int:
+        """Load the initial policy from the trainer (version 0 only: the reference never moves).
+
+        Raises:
+            WeightUpdateRefused / ValueError: a bad update, or any version after 0.
+        """
+        if update.version != 0:
+            raise ValueError(f"the reference policy is frozen; refusing weights of version {update.version}")
+        payload = {k: v.to(self.device) for k, v in payload.items()}
+        self.applied_version = apply_update(
+            self.model, update, payload, current_version=self.applied_version,
+            fingerprint=self.fingerprint,
+            scale_format=self.layer_precision.quant.scale_format if self.layer_precision.fp8 else None,
+        )
+        return self.applied_version

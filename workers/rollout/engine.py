@@ -1,0 +1,121 @@
+"""fp8rl's native rollout engine: batched prefill + KV-cache decode on the shared decoder.
+
+Prompts are prefilled once and their caches replicated for the n samples. Decode feeds each
+sequence's last token at its own position (keys live at index = position, so a sequence's
+arithmetic never depends on its neighbours), samples with the request's filters and records the
+logprob of the drawn token under the full softmax of logits/temperature — computed by the same
+``Decoder.logits`` + ``token_logprobs`` composition the trainer uses. Finished sequences are
+dropped from the decode batch; a response cut at ``max_tokens`` keeps its last token and finishes
+with reason ``length``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from fp8rl.kernels.invariant import token_logprobs
+from fp8rl.protocol import SamplingParams
+from fp8rl.workers.model.decoder import Decoder, KVCache
+from fp8rl.workers.rollout.sampling import sample_tokens
+
+
+@dataclass
+class Generation:
+    """One sampled response."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str = "length"
+
+
+class NativeEngine:
+    """Generate with a Decoder (inference precision) and a KV cache.
+
+    Args:
+        model: the shared decoder built for inference.
+        eos_token_ids: ids that always end a response.
+        max_batch_size: most sequences decoded at once (prompts are chunked to fit).
+    """
+
+    def __init__(self, model: Decoder, *, eos_token_ids: Sequence[int], max_batch_size: int = 256) -> None:
+        self.model = model
+        self.eos = set(eos_token_ids)
+        self.max_batch_size = max_batch_size
+        self.device = next(model.parameters(), model.rope_cos).device
+
+    @torch.inference_mode()
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[list[Generation]]:
+        """``sampling.n`` generations for each prompt, grouped per prompt in input order.
+
+        Raises:
+            ValueError: an empty prompt, or prompt + max_tokens beyond the model's positions.
+        """
+        limit = self.model.rope_cos.shape[0]
+        for i, p in enumerate(prompts):
+            if not p:
+                raise ValueError(f"prompt {i} is empty")
+            if len(p) + sampling.max_tokens > limit:
+                raise ValueError(
+                    f"prompt {i} has {len(p)} tokens; with max_tokens={sampling.max_tokens} it exceeds "
+                    f"the model's {limit} positions (model.max_model_len)"
+                )
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(sampling.seed if sampling.seed is not None else torch.seed() % 2**63)
+        per_chunk = max(1, self.max_batch_size // sampling.n)
+        out: list[list[Generation]] = []
+        for start in range(0, len(prompts), per_chunk):
+            out += self._generate_chunk(prompts[start : start + per_chunk], sampling, generator)
+        return out
+
+    def _generate_chunk(self, prompts: Sequence[Sequence[int]], sp: SamplingParams,
+                        generator: torch.Generator) -> list[list[Generation]]:
+        model, dev = self.model, self.device
+        lens = torch.tensor([len(p) for p in prompts], device=dev)
+        width = int(lens.max())
+        ids = torch.zeros((len(prompts), width), dtype=torch.long, device=dev)
+        for i, p in enumerate(prompts):
+            ids[i, : len(p)] = torch.tensor(list(p), device=dev)
+        cache = KVCache.allocate(model.config, batch=len(prompts), capacity=width + sp.max_tokens,
+                                 dtype=model.compute_dtype, device=dev)
+        positions = torch.arange(width, device=dev).expand(len(prompts), width)
+        hidden = model(ids, positions, lens, cache)
+        last = hidden[torch.arange(len(prompts), device=dev), lens - 1]
+
+        rows = torch.arange(len(prompts), device=dev).repeat_interleave(sp.n)
+        cache, last, pos = cache.select(rows), last[rows], lens[rows]
+        gens = [Generation() for _ in range(len(rows))]
+        active = torch.arange(len(rows), device=dev)  # index into gens of each decode row
+        stop = self.eos | set(sp.stop_token_ids)
+        for step in range(sp.max_tokens):
+            logits = model.logits(last)
+            tokens = sample_tokens(logits, temperature=sp.temperature, top_k=sp.top_k,
+                                   top_p=sp.top_p, generator=generator)
+            logps = token_logprobs(logits, tokens, temperature=sp.temperature, exact=model.precision.exact)
+            keep = self._record(gens, active, tokens, logps, stop, final=step == sp.max_tokens - 1)
+            if not keep.any():
+                break
+            if not keep.all():
+                index = keep.nonzero().squeeze(-1)
+                cache, active, tokens, pos = cache.select(index), active[index], tokens[index], pos[index]
+            hidden = model(tokens[:, None], pos[:, None], pos + 1, cache)
+            last, pos = hidden[:, 0], pos + 1
+        return [gens[i * sp.n : (i + 1) * sp.n] for i in range(len(prompts))]
+
+    @staticmethod
+    def _record(gens: list[Generation], active: Tensor, tokens: Tensor, logps: Tensor,
+                stop: set[int], *, final: bool) -> Tensor:
+        """Append each row's token; return which rows continue."""
+        keep = torch.ones(len(active), dtype=torch.bool)
+        for row, (g, tok, lp) in enumerate(zip(active.tolist(), tokens.tolist(), logps.tolist(), strict=True)):
+            gens[g].token_ids.append(tok)
+            gens[g].logprobs.append(lp)
+            if tok in stop:
+                gens[g].finish_reason = "stop"
+                keep[row] = False
+            elif final:
+                keep[row] = False
+        return keep.to(active.device)

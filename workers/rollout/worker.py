@@ -1,0 +1,99 @@
+"""RolloutWorker: one rollout engine per actor, behind the typed request/result protocol.
+
+The native backend is fp8rl's engine on the shared decoder. Every result records the policy
+version and quant fingerprint of the weights that produced it. Weight updates are validated
+completely before anything is written (``weight_sync.update.apply_update``); a refused update
+leaves weights and version as they were.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import Tensor
+
+from fp8rl.protocol import (
+    Handshake,
+    ModelSpec,
+    PrecisionSpec,
+    RolloutRequest,
+    RolloutResult,
+    RolloutSample,
+    RolloutSpec,
+    WeightUpdate,
+)
+from fp8rl.workers.common import handshake, load_model, pick_device
+from fp8rl.workers.model.build import layer_precision
+from fp8rl.workers.rollout.engine import NativeEngine
+from fp8rl.workers.weight_sync.update import apply_update
+
+
+class RolloutWorker:
+    """Native rollout engine actor.
+
+    Args:
+        model, rollout, precision: its sub-specs. device: ``auto`` | ``cpu`` | ``cuda``.
+        rank: index among rollout workers. seed: weight-init seed for random presets.
+    """
+
+    def __init__(self, model: ModelSpec, rollout: RolloutSpec, precision: PrecisionSpec, *,
+                 device: str = "auto", rank: int = 0, seed: int = 0) -> None:
+        if rollout.backend != "native":
+            raise ValueError(f"RolloutWorker is the native backend; got rollout.backend={rollout.backend}")
+        self.spec, self.precision, self.rank = rollout, precision, rank
+        self.device = pick_device(device)
+        self.layer_precision = layer_precision(model, precision, role="rollout", trainable=False)
+        self.model, source = load_model(model, precision, role="rollout", trainable=False,
+                                        device=self.device, seed=seed)
+        eos = list(source.config.eos_token_id)
+        self.engine = NativeEngine(self.model, eos_token_ids=eos, max_batch_size=rollout.max_batch_size)
+        self.fingerprint = precision.quant.fingerprint() if self.layer_precision.fp8 else None
+        self.applied_version: int | None = None
+
+    @property
+    def version(self) -> int:
+        """Policy version of the weights held (0 until the first update)."""
+        return self.applied_version or 0
+
+    def handshake(self) -> Handshake:
+        """Quant contract report for the driver."""
+        return handshake("rollout", self.precision, self.layer_precision, device=self.device, rank=self.rank)
+
+    def generate(self, request: RolloutRequest) -> RolloutResult:
+        """n samples per prompt with token ids, logprobs, finish reasons, version and fingerprint."""
+        start = time.perf_counter()
+        prompts = [p.token_ids for p in request.prompts]
+        groups = self.engine.generate(prompts, request.sampling)
+        samples = [
+            RolloutSample(prompt_id=p.prompt_id, sample_index=i, prompt_token_ids=p.token_ids,
+                          token_ids=g.token_ids, logprobs=g.logprobs, finish_reason=g.finish_reason,
+                          policy_version=self.version, quant_fingerprint=self.fingerprint)
+            for p, group in zip(request.prompts, groups, strict=True)
+            for i, g in enumerate(group)
+        ]
+        return RolloutResult(request_id=request.request_id, samples=samples, policy_version=self.version,
+                             quant_fingerprint=self.fingerprint, backend="native",
+                             generation_s=time.perf_counter() - start)
+
+    def apply_weights(self, update: WeightUpdate, payload: dict[str, Tensor]) -> int:
+        """Validate and apply a weight update; return the new version.
+
+        Raises:
+            WeightUpdateRefused: naming each bad tensor; the engine keeps its weights and version.
+        """
+        payload = {k: v.to(self.device) for k, v in payload.items()}
+        self.applied_version = apply_update(
+            self.model, update, payload, current_version=self.applied_version,
+            fingerprint=self.fingerprint,
+            scale_format=self.layer_precision.quant.scale_format if self.layer_precision.fp8 else None,
+        )
+        return self.applied_version
+
+    @torch.no_grad()
+    def logits(self, token_ids: list[int]) -> Tensor:
+        """Next-token logits [V] after ``token_ids`` (diagnostics and tests)."""
+        ids = torch.tensor([token_ids], device=self.device)
+        pos = torch.arange(len(token_ids), device=self.device)[None]
+        hidden = self.model(ids, pos, torch.tensor([len(token_ids)], device=self.device))
+        return self.model.logits(hidden[0, -1]).float().cpu()
