@@ -1,0 +1,54 @@
+"""fp8rl.kernels: FP8 quantizers, blockwise FP8 GEMM and FP8Linear (DESIGN.md §2).
+
+Importable without Triton or CUDA (CPU CI): the Triton kernels live in ``quant_triton`` and
+``gemm_triton`` and are imported only when a CUDA tensor reaches a public wrapper.
+"""
+
+from fp8rl.kernels.backend import kernel_backend
+from fp8rl.kernels.gemm import fp8_gemm, fp8_gemm_reference, scaled_mm_scales
+from fp8rl.kernels.linear import FP8Linear, fp8_linear
+from fp8rl.kernels.quant import (
+    FP8_DTYPE,
+    FP8_E4M3_MAX,
+    GROUP,
+    MIN_SCALE,
+    QuantizedTensor,
+    per_block_quant,
+    per_block_quant_reference,
+    per_column_group_quant,
+    per_column_group_quant_reference,
+    per_token_and_column_group_quant,
+    per_token_group_quant,
+    per_token_group_quant_reference,
+    requant_to_column_groups,
+    requant_to_column_groups_reference,
+    round_up_pow2,
+    scale_from_amax,
+    scale_grid_shape,
+)
+
+__all__ = [
+    "FP8_DTYPE",
+    "FP8_E4M3_MAX",
+    "GROUP",
+    "MIN_SCALE",
+    "FP8Linear",
+    "QuantizedTensor",
+    "fp8_gemm",
+    "fp8_gemm_reference",
+    "fp8_linear",
+    "kernel_backend",
+    "per_block_quant",
+    "per_block_quant_reference",
+    "per_column_group_quant",
+    "per_column_group_quant_reference",
+    "per_token_and_column_group_quant",
+    "per_token_group_quant",
+    "per_token_group_quant_reference",
+    "requant_to_column_groups",
+    "requant_to_column_groups_reference",
+    "round_up_pow2",
+    "scale_from_amax",
+    "scale_grid_shape",
+    "scaled_mm_scales",
+]

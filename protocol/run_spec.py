@@ -28,7 +28,11 @@ class ResourcesSpec(StrictModel):
     """Nodes the run spans."""
 
     cpus_per_worker: float = Field(default=1.0, gt=0)
-    """CPU cores reserved per Ray actor."""
+    """CPU cores reserved per Ray actor on GPU clusters (CPU runs share the local cores)."""
+
+    weight_transport: Literal["auto", "object_store", "cuda_ipc", "nccl"] = "auto"
+    """How weight updates travel. ``auto``: object store on CPU, CUDA IPC when colocated on GPUs,
+    NCCL broadcast when disaggregated."""
 
 
 class WandbSpec(StrictModel):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from fp8rl.services.commands import validate
+from fp8rl.services.commands import run, runs, serve, validate
 
 app = typer.Typer(
     name="fp8rl",
@@ -25,6 +25,9 @@ def _root() -> None:
 
 
 validate.register(app)
+run.register(app)
+serve.register(app)
+runs.register(app)
 
 
 def main() -> None:

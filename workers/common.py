@@ -20,24 +20,58 @@ def pick_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def load_model(model: ModelSpec, precision: PrecisionSpec, *, role: str, trainable: bool,
-               param_dtype: torch.dtype | None = None, device: torch.device, seed: int,
-               source: ModelSource | None = None) -> tuple[Decoder, ModelSource]:
+def load_model(
+    model: ModelSpec,
+    precision: PrecisionSpec,
+    *,
+    role: str,
+    trainable: bool,
+    param_dtype: torch.dtype | None = None,
+    device: torch.device,
+    seed: int,
+    source: ModelSource | None = None,
+) -> tuple[Decoder, ModelSource]:
     """Resolve ``model.path`` and build the shared decoder with the role's precision."""
     source = source or resolve_model(model.path)
     lp = layer_precision(model, precision, role=role, trainable=trainable)
-    decoder = build_decoder(source.config, lp, state_dict=source.state_dict,
-                            max_positions=model.max_model_len,
-                            param_dtype=param_dtype or DTYPES[model.dtype], device=device, seed=seed)
+    decoder = build_decoder(
+        source.config,
+        lp,
+        state_dict=source.state_dict,
+        max_positions=model.max_model_len,
+        param_dtype=param_dtype or DTYPES[model.dtype],
+        device=device,
+        seed=seed,
+    )
     return decoder, source
 
 
-def handshake(role: str, precision: PrecisionSpec, lp: LayerPrecision, *, device: torch.device,
-              rank: int = 0, backend: str = "native") -> Handshake:
+def handshake(
+    role: str,
+    precision: PrecisionSpec,
+    lp: LayerPrecision,
+    *,
+    device: torch.device,
+    rank: int = 0,
+    backend: str = "native",
+) -> Handshake:
     """The worker's quant report (DESIGN.md §4): fingerprint, kernel backend, exact mode."""
     from fp8rl.kernels import kernel_backend
 
-    kernels = kernel_backend(device, exact=lp.exact) if lp.fp8 else f"dense-{'exact' if lp.exact else 'torch'}"
-    return Handshake(role=role, rank=rank, precision_mode=precision.mode, fp8=lp.fp8,
-                     quant=lp.quant, quant_fingerprint=lp.quant.fingerprint() if lp.fp8 else None,
-                     kernel_backend=kernels, exact=lp.exact, device=str(device), backend=backend)
+    kernels = (
+        kernel_backend(device, exact=lp.exact)
+        if lp.fp8
+        else f"dense-{'exact' if lp.exact else 'torch'}"
+    )
+    return Handshake(
+        role=role,
+        rank=rank,
+        precision_mode=precision.mode,
+        fp8=lp.fp8,
+        quant=lp.quant,
+        quant_fingerprint=lp.quant.fingerprint() if lp.fp8 else None,
+        kernel_backend=kernels,
+        exact=lp.exact,
+        device=str(device),
+        backend=backend,
+    )

@@ -13,19 +13,31 @@ from fp8rl.workers.model.linear import LayerPrecision
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-def layer_precision(model: ModelSpec, precision: PrecisionSpec, *, role: str,
-                    trainable: bool) -> LayerPrecision:
+def layer_precision(
+    model: ModelSpec, precision: PrecisionSpec, *, role: str, trainable: bool
+) -> LayerPrecision:
     """The LayerPrecision of a worker: the trainer runs FP8 only in unified_fp8, engines whenever
     the mode quantizes rollout (DESIGN.md §3 table)."""
     fp8 = precision.trainer_fp8 if role in ("trainer", "reference") else precision.rollout_fp8
-    return LayerPrecision(dtype=DTYPES[model.dtype], fp8=fp8, quant=precision.quant if fp8 else None,
-                          exact=precision.exact, trainable=trainable)
+    return LayerPrecision(
+        dtype=DTYPES[model.dtype],
+        fp8=fp8,
+        quant=precision.quant if fp8 else None,
+        exact=precision.exact,
+        trainable=trainable,
+    )
 
 
-def build_decoder(config: DecoderConfig, precision: LayerPrecision, *,
-                  state_dict: dict[str, Tensor] | None, max_positions: int,
-                  param_dtype: torch.dtype, device: torch.device | str = "cpu",
-                  seed: int = 0) -> Decoder:
+def build_decoder(
+    config: DecoderConfig,
+    precision: LayerPrecision,
+    *,
+    state_dict: dict[str, Tensor] | None,
+    max_positions: int,
+    param_dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> Decoder:
     """Create the decoder, load ``state_dict`` (or keep a seeded random init), move to ``device``.
 
     For inference (``precision.trainable=False``) FP8 layers are then frozen into FP8 codes +
@@ -75,12 +87,16 @@ def load_weights(model: Decoder, state_dict: dict[str, Tensor]) -> None:
     missing = sorted(set(own) - set(given))
     extra = sorted(set(given) - set(own))
     if missing or extra:
-        raise ValueError(f"checkpoint does not match the model: missing {missing[:8]}, unexpected {extra[:8]}")
+        raise ValueError(
+            f"checkpoint does not match the model: missing {missing[:8]}, unexpected {extra[:8]}"
+        )
     with torch.no_grad():
         for name, param in own.items():
             src = given[name]
             if tuple(src.shape) != tuple(param.shape):
-                raise ValueError(f"{name}: checkpoint shape {tuple(src.shape)} != model {tuple(param.shape)}")
+                raise ValueError(
+                    f"{name}: checkpoint shape {tuple(src.shape)} != model {tuple(param.shape)}"
+                )
             param.copy_(src.to(param.dtype))
 
 
@@ -94,6 +110,7 @@ def freeze_fp8(model: nn.Module) -> None:
                 frozen = FP8Linear.from_quantized(
                     child.quantized_weight(),
                     None if child.bias is None else child.bias.detach().clone(),
-                    scale_format=child.scale_format, exact=child.exact,
+                    scale_format=child.scale_format,
+                    exact=child.exact,
                 )
                 setattr(parent, child_name, frozen)

@@ -60,13 +60,19 @@ class DecoderConfig:
         elif kind == "linear":
             inv = inv / float(scaling["factor"])
         elif kind not in ("default", None):
-            raise ValueError(f"rope_scaling type {kind!r} is not supported (default, linear, llama3)")
+            raise ValueError(
+                f"rope_scaling type {kind!r} is not supported (default, linear, llama3)"
+            )
         return inv
 
     def hf_config(self) -> dict[str, Any]:
         """A Hugging Face ``config.json`` dict for this architecture (used by exports)."""
-        arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                "mistral": "MistralForCausalLM"}[self.model_type]
+        arch = {
+            "llama": "LlamaForCausalLM",
+            "qwen2": "Qwen2ForCausalLM",
+            "qwen3": "Qwen3ForCausalLM",
+            "mistral": "MistralForCausalLM",
+        }[self.model_type]
         cfg = {
             "architectures": [arch],
             "model_type": self.model_type,
@@ -84,7 +90,9 @@ class DecoderConfig:
             "tie_word_embeddings": self.tie_word_embeddings,
             "hidden_act": "silu",
             "bos_token_id": self.bos_token_id,
-            "eos_token_id": self.eos_token_id[0] if len(self.eos_token_id) == 1 else self.eos_token_id,
+            "eos_token_id": self.eos_token_id[0]
+            if len(self.eos_token_id) == 1
+            else self.eos_token_id,
         }
         if self.model_type == "llama":
             cfg["attention_bias"] = self.attention_bias
@@ -148,31 +156,76 @@ def config_from_hf(cfg: dict[str, Any]) -> DecoderConfig:
 PRESETS: dict[str, DecoderConfig] = {
     # Tiny random models (SmolLM2's tokenizer vocabulary) for tests.
     "tiny-llama": DecoderConfig(
-        vocab_size=49152, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=64, rms_norm_eps=1e-5,
-        rope_theta=100000.0, max_position_embeddings=2048, tie_word_embeddings=True,
-        model_type="llama", bos_token_id=1, eos_token_id=[2],
+        vocab_size=49152,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        model_type="llama",
+        bos_token_id=1,
+        eos_token_id=[2],
     ),
     "tiny-qwen3": DecoderConfig(
-        vocab_size=49152, hidden_size=192, intermediate_size=320, num_hidden_layers=2,
-        num_attention_heads=3, num_key_value_heads=1, head_dim=64, rms_norm_eps=1e-6,
-        rope_theta=1000000.0, max_position_embeddings=2048, tie_word_embeddings=False,
-        qk_norm=True, model_type="qwen3", bos_token_id=1, eos_token_id=[2],
+        vocab_size=49152,
+        hidden_size=192,
+        intermediate_size=320,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        num_key_value_heads=1,
+        head_dim=64,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        qk_norm=True,
+        model_type="qwen3",
+        bos_token_id=1,
+        eos_token_id=[2],
     ),
     # Full-size shapes (random weights) for speed benchmarks.
     "llama-3.1-8b": DecoderConfig(
-        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5,
-        rope_theta=500000.0, max_position_embeddings=131072, model_type="llama",
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-        bos_token_id=128000, eos_token_id=[128001, 128009],
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        max_position_embeddings=131072,
+        model_type="llama",
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        bos_token_id=128000,
+        eos_token_id=[128001, 128009],
     ),
     "qwen2.5-7b": DecoderConfig(
-        vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-        num_attention_heads=28, num_key_value_heads=4, head_dim=128, rms_norm_eps=1e-6,
-        rope_theta=1000000.0, max_position_embeddings=32768, attention_bias=True,
-        model_type="qwen2", bos_token_id=151643, eos_token_id=[151645, 151643],
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        head_dim=128,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        max_position_embeddings=32768,
+        attention_bias=True,
+        model_type="qwen2",
+        bos_token_id=151643,
+        eos_token_id=[151645, 151643],
     ),
 }
 """Named architectures for ``model.path: random:<name>``."""

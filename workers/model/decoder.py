@@ -43,13 +43,22 @@ class KVCache:
     v: list[Tensor]
 
     @classmethod
-    def allocate(cls, config: DecoderConfig, *, batch: int, capacity: int, dtype: torch.dtype,
-                 device: torch.device | str) -> KVCache:
+    def allocate(
+        cls,
+        config: DecoderConfig,
+        *,
+        batch: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> KVCache:
         """Zero-filled cache for ``batch`` sequences of up to ``capacity`` positions."""
         shape = (batch, config.num_key_value_heads, capacity, config.head_dim)
         layers = range(config.num_hidden_layers)
-        return cls([torch.zeros(shape, dtype=dtype, device=device) for _ in layers],
-                   [torch.zeros(shape, dtype=dtype, device=device) for _ in layers])
+        return cls(
+            [torch.zeros(shape, dtype=dtype, device=device) for _ in layers],
+            [torch.zeros(shape, dtype=dtype, device=device) for _ in layers],
+        )
 
     @property
     def capacity(self) -> int:
@@ -58,7 +67,9 @@ class KVCache:
 
     def select(self, index: Tensor) -> KVCache:
         """A cache holding only the sequences ``index`` (e.g. to replicate a prefill n times)."""
-        return KVCache([k.index_select(0, index) for k in self.k], [v.index_select(0, index) for v in self.v])
+        return KVCache(
+            [k.index_select(0, index) for k in self.k], [v.index_select(0, index) for v in self.v]
+        )
 
 
 class RMSNorm(nn.Module):
@@ -92,8 +103,15 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, k_len: Tensor,
-                cache: tuple[Tensor, Tensor] | None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        positions: Tensor,
+        k_len: Tensor,
+        cache: tuple[Tensor, Tensor] | None,
+    ) -> Tensor:
         b, length, _ = x.shape
         q = self.q_proj(x).view(b, length, self.heads, self.head_dim)
         k = self.k_proj(x).view(b, length, self.kv_heads, self.head_dim)
@@ -142,8 +160,15 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, exact=exact)
         self.mlp = MLP(config, f"{prefix}.mlp", layer_precision)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, k_len: Tensor,
-                cache: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        positions: Tensor,
+        k_len: Tensor,
+        cache: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, k_len, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -153,7 +178,9 @@ class _Backbone(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         nn.init.normal_(self.embed_tokens.weight, std=0.02)  # HF initializer_range (random presets)
-        self.layers = nn.ModuleList(Block(config, i, precision) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            Block(config, i, precision) for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, exact=precision.exact)
 
 
@@ -167,12 +194,16 @@ class Decoder(nn.Module):
         max_positions: length of the RoPE table (prompt + response).
     """
 
-    def __init__(self, config: DecoderConfig, precision: LayerPrecision, *, max_positions: int) -> None:
+    def __init__(
+        self, config: DecoderConfig, precision: LayerPrecision, *, max_positions: int
+    ) -> None:
         super().__init__()
         self.config, self.precision = config, precision
         self.model = _Backbone(config, precision)
         if not config.tie_word_embeddings:
-            self.lm_head = make_linear("lm_head", config.hidden_size, config.vocab_size, False, precision)
+            self.lm_head = make_linear(
+                "lm_head", config.hidden_size, config.vocab_size, False, precision
+            )
         cos, sin = rope_table(config.head_dim, max_positions, config.inv_freq())
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -183,8 +214,9 @@ class Decoder(nn.Module):
         """Dtype of activations (BF16 or FP32)."""
         return self.precision.dtype
 
-    def forward(self, input_ids: Tensor, positions: Tensor, k_len: Tensor,
-                cache: KVCache | None = None) -> Tensor:
+    def forward(
+        self, input_ids: Tensor, positions: Tensor, k_len: Tensor, cache: KVCache | None = None
+    ) -> Tensor:
         """Final hidden states [B, L, H] (compute dtype) for tokens at the given positions.
 
         Args:
@@ -218,5 +250,6 @@ class Decoder(nn.Module):
 
         The rollout engine and the trainer both score tokens through this method.
         """
-        return token_logprobs(self.logits(hidden), tokens, temperature=temperature,
-                              exact=self.precision.exact)
+        return token_logprobs(
+            self.logits(hidden), tokens, temperature=temperature, exact=self.precision.exact
+        )

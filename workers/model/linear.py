@@ -60,9 +60,7 @@ class LayerPrecision:
         if not self.fp8:
             return True
         parts = name.split(".")
-        return any(
-            parts[-len(p.split(".")):] == p.split(".") for p in self.quant.bf16_modules
-        )
+        return any(parts[-len(p.split(".")) :] == p.split(".") for p in self.quant.bf16_modules)
 
 
 class DenseLinear(nn.Module):
@@ -83,8 +81,9 @@ class DenseLinear(nn.Module):
         return dense_linear(x, self.weight, self.bias, exact=self.exact)
 
 
-def make_linear(name: str, in_features: int, out_features: int, bias: bool,
-                precision: LayerPrecision) -> nn.Module:
+def make_linear(
+    name: str, in_features: int, out_features: int, bias: bool, precision: LayerPrecision
+) -> nn.Module:
     """The linear layer for module ``name`` under ``precision`` (FP8Linear or DenseLinear).
 
     Args:
@@ -97,7 +96,12 @@ def make_linear(name: str, in_features: int, out_features: int, bias: bool,
         return DenseLinear(in_features, out_features, bias, exact=precision.exact)
     from fp8rl.kernels import FP8Linear
 
-    layer = FP8Linear(in_features, out_features, bias=bias,
-                      scale_format=precision.quant.scale_format, exact=precision.exact)
+    layer = FP8Linear(
+        in_features,
+        out_features,
+        bias=bias,
+        scale_format=precision.quant.scale_format,
+        exact=precision.exact,
+    )
     nn.init.normal_(layer.weight, std=0.02)
     return layer

@@ -126,7 +126,9 @@ def _read_safetensors(directory: Path) -> dict[str, Tensor]:
 def hf_dir_for_gguf(gguf: Path) -> Path:
     """A cached Hugging Face directory converted from ``gguf`` (created once, atomically)."""
     stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    key = hashlib.sha256(
+        f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+    ).hexdigest()[:12]
     target = cache_dir() / f"{gguf.stem}-{key}"
     if (target / "config.json").exists():
         return target
@@ -146,7 +148,9 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     hf_config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(hf_config)
-    tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=skeleton)["tensors"]
+    tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=skeleton)[
+        "tensors"
+    ]
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
     try:

@@ -46,12 +46,19 @@ class PackedBatch:
         length = int(sub.lengths.max())
         resp = int(sub.response_mask.sum(-1).max()) if sub.response_mask.numel() else 0
         resp = max(resp, 1)
-        return PackedBatch(sub.input_ids[:, :length], sub.positions[:, :length], sub.lengths,
-                           sub.prompt_lengths, sub.response_ids[:, :resp], sub.response_mask[:, :resp])
+        return PackedBatch(
+            sub.input_ids[:, :length],
+            sub.positions[:, :length],
+            sub.lengths,
+            sub.prompt_lengths,
+            sub.response_ids[:, :resp],
+            sub.response_mask[:, :resp],
+        )
 
 
-def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
-         pad_id: int = 0) -> PackedBatch:
+def pack(
+    prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *, pad_id: int = 0
+) -> PackedBatch:
     """Pack token-id pairs into a PackedBatch (CPU tensors).
 
     Raises:
@@ -94,5 +101,7 @@ def response_hidden(model: Decoder, batch: PackedBatch) -> Tensor:
 
 def response_logprobs(model: Decoder, batch: PackedBatch, *, temperature: float) -> Tensor:
     """log p(response token) [B, R] float32 (0 where ``response_mask`` is False)."""
-    logp = model.token_logprobs(response_hidden(model, batch), batch.response_ids, temperature=temperature)
+    logp = model.token_logprobs(
+        response_hidden(model, batch), batch.response_ids, temperature=temperature
+    )
     return logp.masked_fill(~batch.response_mask, 0.0)

@@ -6,6 +6,8 @@ policies computed the same way; in ``bf16``/``fp8_rollout`` it is BF16 like the 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -13,21 +15,31 @@ from fp8rl.protocol import Handshake, ModelSpec, PrecisionSpec, WeightUpdate
 from fp8rl.workers.common import handshake, load_model, pick_device
 from fp8rl.workers.model.build import layer_precision
 from fp8rl.workers.model.scoring import PackedBatch, response_logprobs
+from fp8rl.workers.weight_sync.transport import make_transport
 from fp8rl.workers.weight_sync.update import apply_update
 
 
 class ReferenceWorker:
     """Reference policy actor. Args: model, precision sub-specs; device; micro_batch_size."""
 
-    def __init__(self, model: ModelSpec, precision: PrecisionSpec, *, device: str = "auto",
-                 micro_batch_size: int = 8, seed: int = 0) -> None:
+    def __init__(
+        self,
+        model: ModelSpec,
+        precision: PrecisionSpec,
+        *,
+        device: str = "auto",
+        micro_batch_size: int = 8,
+        seed: int = 0,
+    ) -> None:
         self.precision, self.micro = precision, micro_batch_size
         self.device = pick_device(device)
         self.layer_precision = layer_precision(model, precision, role="reference", trainable=False)
-        self.model, _ = load_model(model, precision, role="reference", trainable=False,
-                                   device=self.device, seed=seed)
+        self.model, _ = load_model(
+            model, precision, role="reference", trainable=False, device=self.device, seed=seed
+        )
         self.fingerprint = precision.quant.fingerprint() if self.layer_precision.fp8 else None
         self.applied_version: int | None = None
+        self.transports = {"object_store": make_transport("object_store")}
 
     def handshake(self) -> Handshake:
         """Quant contract report for the driver."""
@@ -44,18 +56,33 @@ class ReferenceWorker:
             out.append(torch.nn.functional.pad(logp, (0, width - logp.shape[1])))
         return torch.cat(out)
 
-    def apply_weights(self, update: WeightUpdate, payload: dict[str, Tensor]) -> int:
+    def init_transport(self, name: str, **kwargs: Any) -> None:
+        """Receive weight updates through transport ``name`` (``nccl`` joins its process group)."""
+        self.transports[name] = make_transport(name, **kwargs)
+
+    def apply_weights(self, update: WeightUpdate, handle: Any) -> int:
         """Load the initial policy from the trainer (version 0 only: the reference never moves).
 
         Raises:
             WeightUpdateRefused / ValueError: a bad update, or any version after 0.
         """
         if update.version != 0:
-            raise ValueError(f"the reference policy is frozen; refusing weights of version {update.version}")
-        payload = {k: v.to(self.device) for k, v in payload.items()}
+            raise ValueError(
+                f"the reference policy is frozen; refusing weights of version {update.version}"
+            )
+        if update.transport not in self.transports:
+            raise ValueError(
+                f"weight update sent over {update.transport}, which this worker has not joined"
+            )
+        payload = self.transports[update.transport].receive(update, handle, self.device)
         self.applied_version = apply_update(
-            self.model, update, payload, current_version=self.applied_version,
+            self.model,
+            update,
+            payload,
+            current_version=self.applied_version,
             fingerprint=self.fingerprint,
-            scale_format=self.layer_precision.quant.scale_format if self.layer_precision.fp8 else None,
+            scale_format=self.layer_precision.quant.scale_format
+            if self.layer_precision.fp8
+            else None,
         )
         return self.applied_version

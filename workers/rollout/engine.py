@@ -41,14 +41,18 @@ class NativeEngine:
         max_batch_size: most sequences decoded at once (prompts are chunked to fit).
     """
 
-    def __init__(self, model: Decoder, *, eos_token_ids: Sequence[int], max_batch_size: int = 256) -> None:
+    def __init__(
+        self, model: Decoder, *, eos_token_ids: Sequence[int], max_batch_size: int = 256
+    ) -> None:
         self.model = model
         self.eos = set(eos_token_ids)
         self.max_batch_size = max_batch_size
         self.device = next(model.parameters(), model.rope_cos).device
 
     @torch.inference_mode()
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[list[Generation]]:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
+    ) -> list[list[Generation]]:
         """``sampling.n`` generations for each prompt, grouped per prompt in input order.
 
         Raises:
@@ -71,16 +75,22 @@ class NativeEngine:
             out += self._generate_chunk(prompts[start : start + per_chunk], sampling, generator)
         return out
 
-    def _generate_chunk(self, prompts: Sequence[Sequence[int]], sp: SamplingParams,
-                        generator: torch.Generator) -> list[list[Generation]]:
+    def _generate_chunk(
+        self, prompts: Sequence[Sequence[int]], sp: SamplingParams, generator: torch.Generator
+    ) -> list[list[Generation]]:
         model, dev = self.model, self.device
         lens = torch.tensor([len(p) for p in prompts], device=dev)
         width = int(lens.max())
         ids = torch.zeros((len(prompts), width), dtype=torch.long, device=dev)
         for i, p in enumerate(prompts):
             ids[i, : len(p)] = torch.tensor(list(p), device=dev)
-        cache = KVCache.allocate(model.config, batch=len(prompts), capacity=width + sp.max_tokens,
-                                 dtype=model.compute_dtype, device=dev)
+        cache = KVCache.allocate(
+            model.config,
+            batch=len(prompts),
+            capacity=width + sp.max_tokens,
+            dtype=model.compute_dtype,
+            device=dev,
+        )
         positions = torch.arange(width, device=dev).expand(len(prompts), width)
         hidden = model(ids, positions, lens, cache)
         last = hidden[torch.arange(len(prompts), device=dev), lens - 1]
@@ -92,25 +102,46 @@ class NativeEngine:
         stop = self.eos | set(sp.stop_token_ids)
         for step in range(sp.max_tokens):
             logits = model.logits(last)
-            tokens = sample_tokens(logits, temperature=sp.temperature, top_k=sp.top_k,
-                                   top_p=sp.top_p, generator=generator)
-            logps = token_logprobs(logits, tokens, temperature=sp.temperature, exact=model.precision.exact)
+            tokens = sample_tokens(
+                logits,
+                temperature=sp.temperature,
+                top_k=sp.top_k,
+                top_p=sp.top_p,
+                generator=generator,
+            )
+            logps = token_logprobs(
+                logits, tokens, temperature=sp.temperature, exact=model.precision.exact
+            )
             keep = self._record(gens, active, tokens, logps, stop, final=step == sp.max_tokens - 1)
             if not keep.any():
                 break
             if not keep.all():
                 index = keep.nonzero().squeeze(-1)
-                cache, active, tokens, pos = cache.select(index), active[index], tokens[index], pos[index]
+                cache, active, tokens, pos = (
+                    cache.select(index),
+                    active[index],
+                    tokens[index],
+                    pos[index],
+                )
             hidden = model(tokens[:, None], pos[:, None], pos + 1, cache)
             last, pos = hidden[:, 0], pos + 1
         return [gens[i * sp.n : (i + 1) * sp.n] for i in range(len(prompts))]
 
     @staticmethod
-    def _record(gens: list[Generation], active: Tensor, tokens: Tensor, logps: Tensor,
-                stop: set[int], *, final: bool) -> Tensor:
+    def _record(
+        gens: list[Generation],
+        active: Tensor,
+        tokens: Tensor,
+        logps: Tensor,
+        stop: set[int],
+        *,
+        final: bool,
+    ) -> Tensor:
         """Append each row's token; return which rows continue."""
         keep = torch.ones(len(active), dtype=torch.bool)
-        for row, (g, tok, lp) in enumerate(zip(active.tolist(), tokens.tolist(), logps.tolist(), strict=True)):
+        for row, (g, tok, lp) in enumerate(
+            zip(active.tolist(), tokens.tolist(), logps.tolist(), strict=True)
+        ):
             gens[g].token_ids.append(tok)
             gens[g].logprobs.append(lp)
             if tok in stop:

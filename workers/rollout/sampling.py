@@ -29,8 +29,14 @@ def filter_logits(logits: Tensor, *, top_k: int = 0, top_p: float = 1.0) -> Tens
     return logits
 
 
-def sample_tokens(logits: Tensor, *, temperature: float, top_k: int = 0, top_p: float = 1.0,
-                  generator: torch.Generator | None = None) -> Tensor:
+def sample_tokens(
+    logits: Tensor,
+    *,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> Tensor:
     """Draw one token per row. logits: [B, V] (any float dtype) → [B] int64.
 
     temperature <= 0 is greedy (argmax, ties to the lowest id).

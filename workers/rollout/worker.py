@@ -9,6 +9,7 @@ leaves weights and version as they were.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -26,6 +27,7 @@ from fp8rl.protocol import (
 from fp8rl.workers.common import handshake, load_model, pick_device
 from fp8rl.workers.model.build import layer_precision
 from fp8rl.workers.rollout.engine import NativeEngine
+from fp8rl.workers.weight_sync.transport import make_transport
 from fp8rl.workers.weight_sync.update import apply_update
 
 
@@ -37,19 +39,33 @@ class RolloutWorker:
         rank: index among rollout workers. seed: weight-init seed for random presets.
     """
 
-    def __init__(self, model: ModelSpec, rollout: RolloutSpec, precision: PrecisionSpec, *,
-                 device: str = "auto", rank: int = 0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        model: ModelSpec,
+        rollout: RolloutSpec,
+        precision: PrecisionSpec,
+        *,
+        device: str = "auto",
+        rank: int = 0,
+        seed: int = 0,
+    ) -> None:
         if rollout.backend != "native":
-            raise ValueError(f"RolloutWorker is the native backend; got rollout.backend={rollout.backend}")
+            raise ValueError(
+                f"RolloutWorker is the native backend; got rollout.backend={rollout.backend}"
+            )
         self.spec, self.precision, self.rank = rollout, precision, rank
         self.device = pick_device(device)
         self.layer_precision = layer_precision(model, precision, role="rollout", trainable=False)
-        self.model, source = load_model(model, precision, role="rollout", trainable=False,
-                                        device=self.device, seed=seed)
+        self.model, source = load_model(
+            model, precision, role="rollout", trainable=False, device=self.device, seed=seed
+        )
         eos = list(source.config.eos_token_id)
-        self.engine = NativeEngine(self.model, eos_token_ids=eos, max_batch_size=rollout.max_batch_size)
+        self.engine = NativeEngine(
+            self.model, eos_token_ids=eos, max_batch_size=rollout.max_batch_size
+        )
         self.fingerprint = precision.quant.fingerprint() if self.layer_precision.fp8 else None
         self.applied_version: int | None = None
+        self.transports = {"object_store": make_transport("object_store")}
 
     @property
     def version(self) -> int:
@@ -58,7 +74,9 @@ class RolloutWorker:
 
     def handshake(self) -> Handshake:
         """Quant contract report for the driver."""
-        return handshake("rollout", self.precision, self.layer_precision, device=self.device, rank=self.rank)
+        return handshake(
+            "rollout", self.precision, self.layer_precision, device=self.device, rank=self.rank
+        )
 
     def generate(self, request: RolloutRequest) -> RolloutResult:
         """n samples per prompt with token ids, logprobs, finish reasons, version and fingerprint."""
@@ -66,27 +84,52 @@ class RolloutWorker:
         prompts = [p.token_ids for p in request.prompts]
         groups = self.engine.generate(prompts, request.sampling)
         samples = [
-            RolloutSample(prompt_id=p.prompt_id, sample_index=i, prompt_token_ids=p.token_ids,
-                          token_ids=g.token_ids, logprobs=g.logprobs, finish_reason=g.finish_reason,
-                          policy_version=self.version, quant_fingerprint=self.fingerprint)
+            RolloutSample(
+                prompt_id=p.prompt_id,
+                sample_index=i,
+                prompt_token_ids=p.token_ids,
+                token_ids=g.token_ids,
+                logprobs=g.logprobs,
+                finish_reason=g.finish_reason,
+                policy_version=self.version,
+                quant_fingerprint=self.fingerprint,
+            )
             for p, group in zip(request.prompts, groups, strict=True)
             for i, g in enumerate(group)
         ]
-        return RolloutResult(request_id=request.request_id, samples=samples, policy_version=self.version,
-                             quant_fingerprint=self.fingerprint, backend="native",
-                             generation_s=time.perf_counter() - start)
+        return RolloutResult(
+            request_id=request.request_id,
+            samples=samples,
+            policy_version=self.version,
+            quant_fingerprint=self.fingerprint,
+            backend="native",
+            generation_s=time.perf_counter() - start,
+        )
 
-    def apply_weights(self, update: WeightUpdate, payload: dict[str, Tensor]) -> int:
+    def init_transport(self, name: str, **kwargs: Any) -> None:
+        """Receive weight updates through transport ``name`` (``nccl`` joins its process group)."""
+        self.transports[name] = make_transport(name, **kwargs)
+
+    def apply_weights(self, update: WeightUpdate, handle: Any) -> int:
         """Validate and apply a weight update; return the new version.
 
         Raises:
             WeightUpdateRefused: naming each bad tensor; the engine keeps its weights and version.
         """
-        payload = {k: v.to(self.device) for k, v in payload.items()}
+        if update.transport not in self.transports:
+            raise ValueError(
+                f"weight update sent over {update.transport}, which this worker has not joined"
+            )
+        payload = self.transports[update.transport].receive(update, handle, self.device)
         self.applied_version = apply_update(
-            self.model, update, payload, current_version=self.applied_version,
+            self.model,
+            update,
+            payload,
+            current_version=self.applied_version,
             fingerprint=self.fingerprint,
-            scale_format=self.layer_precision.quant.scale_format if self.layer_precision.fp8 else None,
+            scale_format=self.layer_precision.quant.scale_format
+            if self.layer_precision.fp8
+            else None,
         )
         return self.applied_version
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 
 
-def lr_factor(step: int, *, warmup_steps: int, total_steps: int, schedule: str, min_ratio: float) -> float:
+def lr_factor(
+    step: int, *, warmup_steps: int, total_steps: int, schedule: str, min_ratio: float
+) -> float:
     """Multiplier of the peak LR at optimizer step ``step`` (0-based).
 
     Warmup ramps linearly from 1/(warmup+1) to 1 over ``warmup_steps``; afterwards ``constant``

@@ -8,18 +8,27 @@ cached once per optimizer step — the same codes ``publish`` ships to the engin
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from fp8rl.kernels.invariant import token_logprobs
-from fp8rl.protocol import AlgorithmSpec, Handshake, ModelSpec, PrecisionSpec, TrainerSpec, WeightUpdate
+from fp8rl.protocol import (
+    AlgorithmSpec,
+    Handshake,
+    ModelSpec,
+    PrecisionSpec,
+    TrainerSpec,
+    WeightUpdate,
+)
 from fp8rl.workers.algorithms import entropy_from_logits, loss_denominator, rl_objective
 from fp8rl.workers.common import handshake, load_model, pick_device
 from fp8rl.workers.model.build import DTYPES, layer_precision
 from fp8rl.workers.model.scoring import response_hidden
 from fp8rl.workers.trainer.batch import TrainBatch
 from fp8rl.workers.trainer.schedule import lr_factor
+from fp8rl.workers.weight_sync.transport import make_transport
 from fp8rl.workers.weight_sync.update import build_update
 
 
@@ -34,36 +43,72 @@ class TrainerWorker:
         seed: initialisation/dropout seed.
     """
 
-    def __init__(self, model: ModelSpec, trainer: TrainerSpec, algorithm: AlgorithmSpec,
-                 precision: PrecisionSpec, *, total_steps: int, batch_size: int,
-                 device: str = "auto", seed: int = 0, rank: int = 0) -> None:
+    def __init__(
+        self,
+        model: ModelSpec,
+        trainer: TrainerSpec,
+        algorithm: AlgorithmSpec,
+        precision: PrecisionSpec,
+        *,
+        total_steps: int,
+        batch_size: int,
+        device: str = "auto",
+        seed: int = 0,
+        rank: int = 0,
+    ) -> None:
         if trainer.backend != "native":
-            raise ValueError(f"TrainerWorker is the native backend; got trainer.backend={trainer.backend}")
+            raise ValueError(
+                f"TrainerWorker is the native backend; got trainer.backend={trainer.backend}"
+            )
         self.spec, self.algorithm, self.precision, self.rank = trainer, algorithm, precision, rank
         self.device = pick_device(device)
         torch.manual_seed(seed)
-        self.model, self.source = load_model(model, precision, role="trainer", trainable=True,
-                                             param_dtype=DTYPES[trainer.master_dtype],
-                                             device=self.device, seed=seed)
+        self.model, self.source = load_model(
+            model,
+            precision,
+            role="trainer",
+            trainable=True,
+            param_dtype=DTYPES[trainer.master_dtype],
+            device=self.device,
+            seed=seed,
+        )
         self.model.gradient_checkpointing = trainer.gradient_checkpointing
         self.layer_precision = layer_precision(model, precision, role="trainer", trainable=True)
-        self.receivers = {role: layer_precision(model, precision, role=role, trainable=False)
-                          for role in ("rollout", "reference")}
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=trainer.lr, betas=trainer.betas,
-                                           eps=trainer.eps, weight_decay=trainer.weight_decay)
+        self.receivers = {
+            role: layer_precision(model, precision, role=role, trainable=False)
+            for role in ("rollout", "reference")
+        }
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=trainer.lr,
+            betas=trainer.betas,
+            eps=trainer.eps,
+            weight_decay=trainer.weight_decay,
+        )
         mini = trainer.mini_batch_size or batch_size
         updates_per_step = trainer.epochs_per_step * math.ceil(batch_size / mini)
         total = total_steps * updates_per_step
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
-            lambda s: lr_factor(s, warmup_steps=trainer.warmup_steps, total_steps=total,
-                                schedule=trainer.lr_schedule, min_ratio=trainer.min_lr_ratio),
+            lambda s: lr_factor(
+                s,
+                warmup_steps=trainer.warmup_steps,
+                total_steps=total,
+                schedule=trainer.lr_schedule,
+                min_ratio=trainer.min_lr_ratio,
+            ),
         )
         self.version = 0
+        self.transports = {"object_store": make_transport("object_store")}
+        self.transport = (
+            "object_store"  # the one engines use (reference syncs go through the object store)
+        )
 
     def handshake(self) -> Handshake:
         """Quant contract report for the driver."""
-        return handshake("trainer", self.precision, self.layer_precision, device=self.device, rank=self.rank)
+        return handshake(
+            "trainer", self.precision, self.layer_precision, device=self.device, rank=self.rank
+        )
 
     @torch.no_grad()
     def logprobs(self, batch: TrainBatch) -> Tensor:
@@ -110,9 +155,15 @@ class TrainerWorker:
             micro = mini.select(slice(start, start + self.spec.micro_batch_size)).to(self.device)
             logp, entropy = self._score(micro, with_entropy=True)
             loss, metrics = rl_objective(
-                logp, micro.old_logp, micro.advantages, micro.packed.response_mask,
-                spec=self.algorithm, ref_logp=micro.ref_logp, entropy=entropy,
-                rollout_logp=micro.rollout_logp, loss_denominator=denominator,
+                logp,
+                micro.old_logp,
+                micro.advantages,
+                micro.packed.response_mask,
+                spec=self.algorithm,
+                ref_logp=micro.ref_logp,
+                entropy=entropy,
+                rollout_logp=micro.rollout_logp,
+                loss_denominator=denominator,
             )
             loss.backward()
             for k, v in metrics.items():
@@ -132,8 +183,12 @@ class TrainerWorker:
         """Logprobs [b, r] of the response tokens (and per-token entropy when asked)."""
         hidden = response_hidden(self.model, micro.packed)
         logits = self.model.logits(hidden)
-        logp = token_logprobs(logits, micro.packed.response_ids, temperature=micro.temperature,
-                              exact=self.model.precision.exact)
+        logp = token_logprobs(
+            logits,
+            micro.packed.response_ids,
+            temperature=micro.temperature,
+            exact=self.model.precision.exact,
+        )
         logp = logp.masked_fill(~micro.packed.response_mask, 0.0)
         entropy = None
         if with_entropy:
@@ -148,17 +203,26 @@ class TrainerWorker:
             if hasattr(module, "invalidate_quantized"):
                 module.invalidate_quantized()
 
+    def init_transport(self, name: str, **kwargs: Any) -> None:
+        """Use transport ``name`` for weight updates (``nccl`` joins its process group as rank 0)."""
+        self.transports[name] = make_transport(name, **kwargs)
+        self.transport = name
+
     @torch.no_grad()
-    def publish(self, *, role: str = "rollout", transport: str = "object_store") -> tuple[WeightUpdate, dict[str, Tensor]]:
-        """WeightUpdate (manifest) + payload of the current weights in ``role``'s layout
+    def publish(self, *, role: str = "rollout") -> tuple[WeightUpdate, Any]:
+        """WeightUpdate (manifest) + transport handle of the current weights in ``role``'s layout
         (``rollout`` engines, or the ``reference`` for the initial sync)."""
         receiver = self.receivers[role]
         fingerprint = self.precision.quant.fingerprint() if receiver.fp8 else None
-        update, payload = build_update(self.model, receiver=receiver, version=self.version,
-                                       fingerprint=fingerprint, transport=transport)
-        if transport == "object_store":
-            payload = {k: v.cpu() for k, v in payload.items()}
-        return update, payload
+        transport = self.transports[self.transport if role == "rollout" else "object_store"]
+        update, payload = build_update(
+            self.model,
+            receiver=receiver,
+            version=self.version,
+            fingerprint=fingerprint,
+            transport=transport.name,
+        )
+        return update, transport.send(payload)
 
 
 _SUMMED = {"actor/pg_loss", "actor/kl", "actor/entropy"}

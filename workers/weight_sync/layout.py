@@ -44,10 +44,16 @@ def engine_slots(model: nn.Module) -> dict[str, SlotSpec]:
     for prefix, module in model.named_modules():
         if is_fp8_linear(module):
             codes, scales = fp8_shapes(module.out_features, module.in_features)
-            slots[f"{prefix}.weight"] = SlotSpec(f"{prefix}.weight", "fp8_weight", codes, torch.float8_e4m3fn)
-            slots[f"{prefix}{SCALE_SUFFIX}"] = SlotSpec(f"{prefix}{SCALE_SUFFIX}", "weight_scale", scales, torch.float32)
+            slots[f"{prefix}.weight"] = SlotSpec(
+                f"{prefix}.weight", "fp8_weight", codes, torch.float8_e4m3fn
+            )
+            slots[f"{prefix}{SCALE_SUFFIX}"] = SlotSpec(
+                f"{prefix}{SCALE_SUFFIX}", "weight_scale", scales, torch.float32
+            )
             if module.bias is not None:
-                slots[f"{prefix}.bias"] = SlotSpec(f"{prefix}.bias", "dense", tuple(module.bias.shape), module.bias.dtype)
+                slots[f"{prefix}.bias"] = SlotSpec(
+                    f"{prefix}.bias", "dense", tuple(module.bias.shape), module.bias.dtype
+                )
             continue
         if any(is_fp8_linear(m) for m in _ancestors(model, prefix)):
             continue

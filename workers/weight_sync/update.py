@@ -25,8 +25,10 @@ from fp8rl.workers.weight_sync.layout import (
     is_fp8_linear,
 )
 
-_DTYPE_NAMES = {str(d).removeprefix("torch."): d for d in
-                (torch.float8_e4m3fn, torch.float32, torch.bfloat16, torch.float16)}
+_DTYPE_NAMES = {
+    str(d).removeprefix("torch."): d
+    for d in (torch.float8_e4m3fn, torch.float32, torch.bfloat16, torch.float16)
+}
 
 
 class WeightUpdateRefused(ValueError):
@@ -36,7 +38,9 @@ class WeightUpdateRefused(ValueError):
         self.problems = problems
         shown = "\n".join(f"  {p}" for p in problems[:20])
         more = f"\n  … and {len(problems) - 20} more" if len(problems) > 20 else ""
-        super().__init__(f"weight update refused ({len(problems)} problems); weights unchanged:\n{shown}{more}")
+        super().__init__(
+            f"weight update refused ({len(problems)} problems); weights unchanged:\n{shown}{more}"
+        )
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -44,8 +48,14 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def build_update(model: nn.Module, *, receiver: LayerPrecision, version: int,
-                 fingerprint: str | None, transport: str = "object_store") -> tuple[WeightUpdate, dict[str, Tensor]]:
+def build_update(
+    model: nn.Module,
+    *,
+    receiver: LayerPrecision,
+    version: int,
+    fingerprint: str | None,
+    transport: str = "object_store",
+) -> tuple[WeightUpdate, dict[str, Tensor]]:
     """Manifest + payload of the trainer's current weights in the receiver's layout.
 
     FP8 linears ship their cached ``quantized_weight()`` (the codes the trainer's own forward
@@ -66,12 +76,20 @@ def build_update(model: nn.Module, *, receiver: LayerPrecision, version: int,
     with torch.no_grad():
         for prefix, module in model.named_modules():
             weight = getattr(module, "weight", None)
-            is_linear = is_fp8_linear(module) or (weight is not None and weight.dim() == 2
-                                                 and prefix != "model.embed_tokens")
+            is_linear = is_fp8_linear(module) or (
+                weight is not None and weight.dim() == 2 and prefix != "model.embed_tokens"
+            )
             if not (is_linear and receiver.fp8 and receiver.linear_is_fp8(prefix, num_blocks)):
                 continue
-            q = module.quantized_weight() if is_fp8_linear(module) else per_block_quant(
-                weight.detach(), scale_format=receiver.quant.scale_format, name=f"{prefix}.weight")
+            q = (
+                module.quantized_weight()
+                if is_fp8_linear(module)
+                else per_block_quant(
+                    weight.detach(),
+                    scale_format=receiver.quant.scale_format,
+                    name=f"{prefix}.weight",
+                )
+            )
             payload[f"{prefix}.weight"] = q.codes
             payload[f"{prefix}{SCALE_SUFFIX}"] = q.scale
             meta[f"{prefix}.weight"] = ("fp8_weight", [128, 128])
@@ -85,23 +103,42 @@ def build_update(model: nn.Module, *, receiver: LayerPrecision, version: int,
             meta[name] = ("dense", None)
     scale_format = receiver.quant.scale_format if receiver.fp8 else None
     entries = [
-        TensorEntry(name=name, role=role, shape=list(t.shape), dtype=dtype_name(t.dtype),
-                    block_size=block, scale_format=scale_format if block else None, checksum=wsum64(t))
+        TensorEntry(
+            name=name,
+            role=role,
+            shape=list(t.shape),
+            dtype=dtype_name(t.dtype),
+            block_size=block,
+            scale_format=scale_format if block else None,
+            checksum=wsum64(t),
+        )
         for name, t in payload.items()
         for role, block in [meta[name]]
     ]
-    update = WeightUpdate(version=version, quant_fingerprint=fingerprint if receiver.fp8 else None,
-                          transport=transport, tensors=entries)
+    update = WeightUpdate(
+        version=version,
+        quant_fingerprint=fingerprint if receiver.fp8 else None,
+        transport=transport,
+        tensors=entries,
+    )
     return update, payload
 
 
-def validate_update(update: WeightUpdate, payload: dict[str, Tensor], *, slots: dict[str, SlotSpec],
-                    current_version: int | None, fingerprint: str | None,
-                    scale_format: str | None) -> list[str]:
+def validate_update(
+    update: WeightUpdate,
+    payload: dict[str, Tensor],
+    *,
+    slots: dict[str, SlotSpec],
+    current_version: int | None,
+    fingerprint: str | None,
+    scale_format: str | None,
+) -> list[str]:
     """Every reason to refuse ``update`` (empty list = acceptable). Pure; writes nothing."""
     problems: list[str] = []
     if current_version is not None and update.version <= current_version:
-        problems.append(f"version {update.version} is not newer than the engine's {current_version}")
+        problems.append(
+            f"version {update.version} is not newer than the engine's {current_version}"
+        )
     if update.quant_fingerprint != fingerprint:
         problems.append(f"quant fingerprint {update.quant_fingerprint} != engine's {fingerprint}")
     entries = {e.name: e for e in update.tensors}
@@ -118,7 +155,9 @@ def validate_update(update: WeightUpdate, payload: dict[str, Tensor], *, slots: 
     return problems
 
 
-def _check_tensor(entry: TensorEntry, tensor: Tensor, slot: SlotSpec, scale_format: str | None) -> list[str]:
+def _check_tensor(
+    entry: TensorEntry, tensor: Tensor, slot: SlotSpec, scale_format: str | None
+) -> list[str]:
     n, problems = entry.name, []
     if entry.role != slot.role:
         problems.append(f"{n}: role {entry.role} but the engine holds a {slot.role}")
@@ -127,14 +166,18 @@ def _check_tensor(entry: TensorEntry, tensor: Tensor, slot: SlotSpec, scale_form
     if entry.dtype != dtype_name(slot.dtype):
         problems.append(f"{n}: dtype {entry.dtype} but the engine needs {dtype_name(slot.dtype)}")
     if tuple(tensor.shape) != tuple(entry.shape) or dtype_name(tensor.dtype) != entry.dtype:
-        problems.append(f"{n}: payload is {tuple(tensor.shape)} {dtype_name(tensor.dtype)}, "
-                        f"manifest says {tuple(entry.shape)} {entry.dtype}")
+        problems.append(
+            f"{n}: payload is {tuple(tensor.shape)} {dtype_name(tensor.dtype)}, "
+            f"manifest says {tuple(entry.shape)} {entry.dtype}"
+        )
         return problems
     if slot.role in ("fp8_weight", "weight_scale"):
         if entry.block_size != [128, 128]:
             problems.append(f"{n}: block size {entry.block_size}, the engine uses [128, 128]")
         if entry.scale_format != scale_format:
-            problems.append(f"{n}: scale format {entry.scale_format}, the engine uses {scale_format}")
+            problems.append(
+                f"{n}: scale format {entry.scale_format}, the engine uses {scale_format}"
+            )
     if slot.role == "weight_scale" and not problems:
         bad = ~torch.isfinite(tensor) | (tensor <= 0)
         if bool(bad.any()):
@@ -144,16 +187,29 @@ def _check_tensor(entry: TensorEntry, tensor: Tensor, slot: SlotSpec, scale_form
     return problems
 
 
-def apply_update(model: nn.Module, update: WeightUpdate, payload: dict[str, Tensor], *,
-                 current_version: int | None, fingerprint: str | None, scale_format: str | None) -> int:
+def apply_update(
+    model: nn.Module,
+    update: WeightUpdate,
+    payload: dict[str, Tensor],
+    *,
+    current_version: int | None,
+    fingerprint: str | None,
+    scale_format: str | None,
+) -> int:
     """Validate then copy ``payload`` into the inference ``model`` in place; return the new version.
 
     Raises:
         WeightUpdateRefused: any problem (nothing was written).
     """
     slots = engine_slots(model)
-    problems = validate_update(update, payload, slots=slots, current_version=current_version,
-                               fingerprint=fingerprint, scale_format=scale_format)
+    problems = validate_update(
+        update,
+        payload,
+        slots=slots,
+        current_version=current_version,
+        fingerprint=fingerprint,
+        scale_format=scale_format,
+    )
     if problems:
         raise WeightUpdateRefused(problems)
     with torch.no_grad():

@@ -1,0 +1,244 @@
+"""Blockwise-scaled FP8 GEMM ``a · bᵀ`` for FProp, DGrad and WGrad, and its exact CPU emulation.
+
+Design notes
+------------
+Both operands are ``QuantizedTensor``s whose groups run along the contraction dimension (the last
+dim of both): ``block[1] == 128``; ``block[0]`` is 1 (row groups) or 128 (square blocks). That one
+shape covers the three GEMMs of DESIGN.md §2:
+
+* FProp  ``Y = X·Wᵀ``:   a = X (1×128),        b = W (128×128)
+* DGrad  ``∇X = ∇Y·W``:  a = ∇Y (1×128),       b = Wᵀ = ``w.t()`` (128×128, the same blocks)
+* WGrad  ``∇W = ∇Yᵀ·X``: a = ``col(∇Y).t()``,  b = ``col(X).t()`` (both 1×128 along tokens)
+
+**CPU / exact emulation** (``fp8_gemm_reference``). For every 128-wide K block the partial
+product of the E4M3 codes is computed in float64. That is *exact*: a product of two E4M3 values
+has at most 8 significant bits and lies in [2**-18, 2**17.6]; any partial sum of up to 128 of them
+is a multiple of 2**-18 below 2**25, i.e. fits in 43 < 53 bits, so no summation order can change
+it. The two float32 scales are multiplied first (exact in float64: 24+24 bits), the partial is
+multiplied by that product (one rounding), and the K blocks are accumulated in ascending order
+with elementwise adds. Every step is elementwise or exact, so a row's output is bitwise
+independent of M and of the row's position in the batch. (A single float64 matmul over all of K
+with the scales folded into the operands is *not*: measured, 1-row and 64-row results differ.)
+
+**GPU.** ``torch.nn.functional.scaled_mm`` (cuBLASLt, BlockWise1x128 / BlockWise128x128, Hopper
+only; both scale tensors outer-dim-major, see ``scaled_mm_scales``), DeepGEMM when importable, and
+the Triton kernel of ``gemm_triton.py`` for ``exact=True`` and every shape the libraries refuse.
+The backend name is ``backend.kernel_backend`` (checked at the start of a run). Refusals are
+remembered per shape class so a refused shape costs one exception per process.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor
+
+from fp8rl.kernels.backend import (
+    deepgemm_available,
+    scaled_mm_blockwise_available,
+    triton_available,
+)
+from fp8rl.kernels.quant import GROUP, QuantizedTensor
+
+MIN_LIBRARY_ROWS = 16
+"""Fewer rows go straight to Triton: cuBLASLt's blockwise heuristic returns NOT_SUPPORTED for
+M = 1 on the H200 (torch 2.11, CUDA 13.0), and Triton matched it at M = 1 anyway."""
+
+_REFUSED: set[tuple] = set()
+"""Shape classes a library backend refused in this process (they go to Triton from then on)."""
+
+
+def _check_operands(a: QuantizedTensor, b: QuantizedTensor) -> None:
+    if a.block[1] != GROUP or b.block[1] != GROUP:
+        raise ValueError(
+            "fp8_gemm contracts over the last dim of both operands, which must carry the "
+            f"128-wide groups: got a.block={a.block}, b.block={b.block} (use .t() on a 128x1 tensor)"
+        )
+    if b.codes.dim() != 2:
+        raise ValueError(f"b must be 2-D [N, K], got shape {tuple(b.shape)}")
+    if a.block != (1, GROUP) and a.codes.dim() != 2:
+        raise ValueError(f"a with block {a.block} must be 2-D, got shape {tuple(a.shape)}")
+    if a.shape[-1] != b.shape[-1]:
+        raise ValueError(
+            f"contraction dims differ: a is {tuple(a.shape)}, b is {tuple(b.shape)} (a·bᵀ needs "
+            "equal last dims)"
+        )
+    if a.codes.device != b.codes.device:
+        raise ValueError(f"a on {a.codes.device} but b on {b.codes.device}")
+
+
+def _flatten(a: QuantizedTensor) -> QuantizedTensor:
+    if a.codes.dim() == 2:
+        return a
+    k = a.shape[-1]
+    return QuantizedTensor(a.codes.reshape(-1, k), a.scale.reshape(-1, a.scale.shape[-1]), a.block)
+
+
+def row_scales(q: QuantizedTensor) -> Tensor:
+    """The scale of a 2-D operand repeated to one row per data row: ``[rows, ceil(K/128)]``."""
+    if q.block[0] == 1:
+        return q.scale
+    return q.scale.repeat_interleave(q.block[0], dim=0)[: q.shape[0]]
+
+
+def fp8_gemm_reference(
+    a: QuantizedTensor, b: QuantizedTensor, *, out_dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """Exact, batch-invariant emulation of ``a · bᵀ`` (any device; the CPU truth).
+
+    Args:
+        a: ``[..., K]`` (1,128) or ``[M, K]`` (128,128) quantized operand.
+        b: ``[N, K]`` with block (1,128) or (128,128).
+        out_dtype: dtype of the result (the float64 sum is rounded once to it).
+    Returns:
+        ``[..., N]``: ``sum_kb (A_kb · B_kbᵀ) * (sa_kb ⊗ sb_kb)`` accumulated in float64 in
+        ascending K-block order (see module doc for why this is exact per block).
+    """
+    _check_operands(a, b)
+    lead = a.shape[:-1]
+    a2 = _flatten(a)
+    k = a2.shape[1]
+    codes_a, codes_b = a2.codes.to(torch.float64), b.codes.to(torch.float64)
+    scale_a, scale_b = row_scales(a2).to(torch.float64), row_scales(b).to(torch.float64)
+    out = torch.zeros(a2.shape[0], b.shape[0], dtype=torch.float64, device=a2.codes.device)
+    for kb in range(scale_a.shape[1]):
+        cols = slice(kb * GROUP, min(k, (kb + 1) * GROUP))
+        partial = codes_a[:, cols] @ codes_b[:, cols].t()
+        out += partial * (scale_a[:, kb, None] * scale_b[None, :, kb])
+    return out.to(out_dtype).reshape(*lead, b.shape[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# library backends
+
+
+def _outer_major(scale: Tensor) -> Tensor:
+    """A 2-D scale with stride (1, rows): stored transposed (cuBLASLt's 1×128 layout).
+
+    Built with explicit strides: ``scale.t().contiguous().t()`` keeps a (1, K) stride pattern
+    for a single row (size-1 dims count as contiguous), which cuBLASLt refuses for M = 1.
+    """
+    rows, cols = scale.shape
+    if scale.stride() == (1, rows):
+        return scale
+    out = torch.empty_strided((rows, cols), (1, rows), dtype=scale.dtype, device=scale.device)
+    return out.copy_(scale)
+
+
+def scaled_mm_scales(q: QuantizedTensor) -> Tensor:
+    """``q``'s scale in the layout ``torch.nn.functional.scaled_mm`` blockwise scaling wants.
+
+    1×128 operand ``[rows, K]``: logical ``[rows, ceil(K/128)]`` with stride ``(1, rows)``.
+    128×128 operand ``[rows, K]``: ``[round_up(ceil(K/128), 4), ceil(rows/128)]`` with stride
+    ``(1, L4)``; the padded K-block entries are initialised to 1.0 and never multiply real data.
+    The logical scale of ``q`` is not changed (this is a copy when the layout differs).
+    """
+    if q.block == (1, GROUP):
+        return _outer_major(q.scale)
+    blocks_rows, blocks_k = q.scale.shape
+    padded_k = -(-blocks_k // 4) * 4
+    layout = torch.ones(blocks_rows, padded_k, dtype=torch.float32, device=q.scale.device)
+    layout[:, :blocks_k] = q.scale
+    return layout.t()
+
+
+def _recipe(block: tuple[int, int]):
+    scaling = torch.nn.functional.ScalingType
+    return scaling.BlockWise1x128 if block == (1, GROUP) else scaling.BlockWise128x128
+
+
+def _scaled_mm(a: QuantizedTensor, b: QuantizedTensor, out_dtype: torch.dtype) -> Tensor:
+    mat_a = a.codes.contiguous()
+    mat_b = b.codes.contiguous().t()  # [K, N] column-major
+    return torch.nn.functional.scaled_mm(
+        mat_a,
+        mat_b,
+        scaled_mm_scales(a),
+        _recipe(a.block),
+        scaled_mm_scales(b),
+        _recipe(b.block),
+        output_dtype=out_dtype,
+    )
+
+
+def _deepgemm(a: QuantizedTensor, b: QuantizedTensor, out_dtype: torch.dtype) -> Tensor:
+    import deep_gemm  # optional; not installed on the machines fp8rl is tested on
+
+    out = torch.empty(a.shape[0], b.shape[0], dtype=out_dtype, device=a.codes.device)
+    deep_gemm.fp8_gemm_nt(
+        (a.codes.contiguous(), a.scale.contiguous()),
+        (b.codes.contiguous(), b.scale.contiguous()),
+        out,
+    )
+    return out
+
+
+def _library_gemm(
+    name: str, a: QuantizedTensor, b: QuantizedTensor, out_dtype: torch.dtype
+) -> Tensor | None:
+    """Run a library backend, or return None when it does not take this shape class."""
+    m, k = a.shape
+    n = b.shape[0]
+    supported_pair = (a.block, b.block) != ((GROUP, GROUP), (GROUP, GROUP))
+    if name == "deepgemm":
+        supported_pair = a.block == (1, GROUP) and b.block == (GROUP, GROUP)
+    key = (name, a.block, b.block, out_dtype, m % 16 == 0, n, k)
+    if (
+        not supported_pair
+        or m < MIN_LIBRARY_ROWS
+        or k % GROUP
+        or n % 16
+        or out_dtype not in (torch.bfloat16, torch.float32)
+    ):
+        return None
+    if key in _REFUSED:
+        return None
+    try:
+        return (_scaled_mm if name == "scaled_mm" else _deepgemm)(a, b, out_dtype)
+    except (RuntimeError, ValueError, NotImplementedError, TypeError) as err:
+        _REFUSED.add(key)
+        warnings.warn(
+            f"{name} refused FP8 GEMM shape class {key[1:]} ({err}); using the Triton kernel",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+
+
+def fp8_gemm(
+    a: QuantizedTensor, b: QuantizedTensor, *, out_dtype: torch.dtype, exact: bool = False
+) -> Tensor:
+    """Blockwise-scaled FP8 matrix product ``a · bᵀ`` (contraction over the last dim of both).
+
+    Args:
+        a: ``[..., K]`` with block (1,128), or ``[M, K]`` with block (128,128).
+        b: ``[N, K]`` with block (1,128) or (128,128) (for a 128×1 tensor pass ``q.t()``).
+        out_dtype: result dtype (bfloat16/float32; the CPU emulation takes any float dtype).
+        exact: batch-invariant mode: a row's result is bitwise independent of the other rows
+            (Triton, fixed tiles, no split-K on CUDA; the CPU emulation is always exact).
+    Returns:
+        ``[..., N]`` in ``out_dtype``.
+    Raises:
+        ValueError: groups not along the contraction dim, shape or device mismatch.
+    Backend: ``backend.kernel_backend(device, exact=exact)``; see the module doc.
+    """
+    _check_operands(a, b)
+    device = a.codes.device
+    if device.type != "cuda":
+        return fp8_gemm_reference(a, b, out_dtype=out_dtype)
+    lead = a.shape[:-1]
+    a2 = _flatten(a)
+    out = None
+    if not exact:
+        if deepgemm_available():
+            out = _library_gemm("deepgemm", a2, b, out_dtype)
+        if out is None and scaled_mm_blockwise_available(device):
+            out = _library_gemm("scaled_mm", a2, b, out_dtype)
+    if out is None:
+        if not triton_available():
+            return fp8_gemm_reference(a, b, out_dtype=out_dtype)
+        from fp8rl.kernels import gemm_triton
+
+        out = gemm_triton.fp8_gemm_triton(a2, b, out_dtype=out_dtype, exact=exact)
+    return out.reshape(*lead, b.shape[0])

@@ -1,0 +1,225 @@
+"""Ray runtime for a run: attach or start Ray, launch one actor per role, enforce the quant contract.
+
+Placement (``resources.placement``): ``colocated`` actors share devices (fractional GPUs);
+``disaggregated`` gives each role its own GPUs. On CPU every actor is a local process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from fp8rl.protocol import Handshake, JobSpec, PrecisionSpec
+
+log = logging.getLogger(__name__)
+
+
+class QuantContractError(RuntimeError):
+    """Workers disagree on the quantization contract; the run must not start."""
+
+
+def init_ray(address: str | None) -> None:
+    """Attach to ``address``, else to ``$RAY_ADDRESS`` (``ray job submit``), else to a local cluster
+    that answers on its GCS port (``ray start --head``), else start a private local Ray.
+
+    A stale ``/tmp/ray/ray_current_cluster`` left by a stopped cluster is ignored instead of
+    hanging in ``ray.init``.
+    """
+    if ray.is_initialized():
+        return
+    if address is None and not os.environ.get("RAY_ADDRESS"):
+        address = _reachable_local_cluster() or "local"
+    ray.init(
+        address=address,
+        log_to_driver=True,
+        runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
+    )
+
+
+def _reachable_local_cluster() -> str | None:
+    try:
+        from ray._private.utils import read_ray_address
+
+        known = read_ray_address()
+    except Exception:  # private helper moved: just start a local Ray
+        return None
+    if not known:
+        return None
+    host, _, port = known.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=1.0):
+            return known
+    except (OSError, ValueError):
+        log.info("ignoring unreachable Ray address %s; starting a local Ray", known)
+        return None
+
+
+def check_handshakes(reports: list[Handshake], precision: PrecisionSpec) -> list[str]:
+    """Notes for the run metadata; raises QuantContractError when FP8 workers disagree.
+
+    unified_fp8: trainer, reference and every rollout engine must report FP8 with the same
+    QuantConfig (the message names the differing fields) and the same exact flag.
+    fp8_rollout: the trainer is BF16 by design — recorded as a note, not refused.
+    """
+    by_role: dict[str, list[Handshake]] = {}
+    for r in reports:
+        by_role.setdefault(r.role, []).append(r)
+    problems, notes = [], []
+    trainer = by_role["trainer"][0]
+    for r in reports:
+        if r.role == "reward":
+            continue
+        name = f"{r.role}[{r.rank}]"
+        if r.precision_mode != precision.mode:
+            problems.append(
+                f"{name} runs precision mode {r.precision_mode}, the job asks {precision.mode}"
+            )
+        if r.exact != precision.exact:
+            problems.append(f"{name} has exact={r.exact}, the job asks exact={precision.exact}")
+        expected_fp8 = precision.rollout_fp8 if r.role == "rollout" else precision.trainer_fp8
+        if r.fp8 != expected_fp8:
+            problems.append(f"{name} fp8={r.fp8}, mode {precision.mode} needs fp8={expected_fp8}")
+        if r.fp8 and r.quant is not None and r.quant_fingerprint != precision.quant.fingerprint():
+            fields = r.quant.differing_fields(precision.quant)
+            problems.append(
+                f"{name} quant fingerprint {r.quant_fingerprint} != "
+                f"{precision.quant.fingerprint()}; differing fields: {', '.join(fields)}"
+            )
+    for r in by_role.get("rollout", []):
+        if r.fp8 and trainer.fp8 and r.quant_fingerprint != trainer.quant_fingerprint:
+            fields = r.quant.differing_fields(trainer.quant) if r.quant and trainer.quant else []
+            problems.append(
+                f"rollout[{r.rank}] and trainer quantize differently; differing fields: "
+                f"{', '.join(fields) or 'fingerprint'}"
+            )
+    if problems:
+        raise QuantContractError(
+            "quant contract violated, run not started:\n  " + "\n  ".join(problems)
+        )
+    if precision.mode == "fp8_rollout":
+        notes.append(
+            "fp8_rollout: trainer forward is BF16 while rollout is FP8 (mismatch by design)"
+        )
+    return notes
+
+
+@dataclass
+class Workers:
+    """Actor handles of a run."""
+
+    trainer: Any
+    rollout: list[Any]
+    reward: Any
+    reference: Any | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def all(self) -> list[Any]:
+        """Every actor handle."""
+        return [
+            self.trainer,
+            *self.rollout,
+            self.reward,
+            *([self.reference] if self.reference else []),
+        ]
+
+
+def launch_workers(job: JobSpec) -> Workers:
+    """Start the actors of ``job`` (each gets only its own sub-specs) and check their handshakes."""
+    from fp8rl.workers.reference.worker import ReferenceWorker
+    from fp8rl.workers.reward.worker import RewardWorker
+    from fp8rl.workers.trainer.worker import TrainerWorker
+
+    device = job.resources.device
+    cpus = job.resources.cpus_per_worker
+    colocated = job.resources.placement == "colocated"
+    gpu_roles = [job.trainer.gpus_per_worker, job.rollout.gpus_per_worker]
+
+    def opts(gpus: int) -> dict[str, Any]:
+        share = (1.0 / max(1, len([g for g in gpu_roles if g]))) if colocated and gpus else gpus
+        return {"num_cpus": cpus if device == "cuda" else 0, "num_gpus": share if gpus else 0}
+
+    trainer = (
+        ray.remote(TrainerWorker)
+        .options(**opts(job.trainer.gpus_per_worker))
+        .remote(
+            job.model,
+            job.trainer,
+            job.algorithm,
+            job.precision,
+            total_steps=job.steps,
+            batch_size=job.batch_size,
+            device=device,
+            seed=job.seed,
+        )
+    )
+    rollout = [
+        _rollout_actor(job)
+        .options(**opts(job.rollout.gpus_per_worker))
+        .remote(job.model, job.rollout, job.precision, device=device, rank=rank, seed=job.seed)
+        for rank in range(job.rollout.num_workers)
+    ]
+    reference = None
+    if job.reference_enabled:
+        reference = (
+            ray.remote(ReferenceWorker)
+            .options(**opts(job.reference.gpus_per_worker))
+            .remote(
+                job.model,
+                job.precision,
+                device=device,
+                micro_batch_size=job.trainer.micro_batch_size,
+                seed=job.seed,
+            )
+        )
+    reward = ray.remote(RewardWorker).options(num_cpus=0, max_concurrency=2).remote(job.reward)
+    workers = Workers(trainer=trainer, rollout=rollout, reward=reward, reference=reference)
+    reports = ray.get(
+        [a.handshake.remote() for a in [trainer, *rollout, *([reference] if reference else [])]]
+    )
+    workers.notes = check_handshakes(reports, job.precision)
+    for r in reports:
+        log.info(
+            "%s[%d]: fp8=%s fingerprint=%s kernels=%s exact=%s device=%s",
+            r.role,
+            r.rank,
+            r.fp8,
+            r.quant_fingerprint,
+            r.kernel_backend,
+            r.exact,
+            r.device,
+        )
+    return workers
+
+
+def _rollout_actor(job: JobSpec) -> Any:
+    if job.rollout.backend == "native":
+        from fp8rl.workers.rollout.worker import RolloutWorker
+
+        return ray.remote(RolloutWorker)
+    if job.rollout.backend == "vllm":
+        from fp8rl.workers.rollout.vllm import VLLMRolloutWorker
+
+        return ray.remote(VLLMRolloutWorker)
+    raise ValueError(f"rollout.backend={job.rollout.backend} is not implemented yet (native, vllm)")
+
+
+def sync_weights(workers: Workers, *, include_reference: bool = False) -> int:
+    """Publish the trainer's weights and apply them on every engine (and the reference at version 0).
+
+    The payload goes through the Ray object store: the trainer returns it, the driver never
+    materialises it, each engine resolves the same object. Returns the new policy version.
+    """
+    update_ref, payload_ref = workers.trainer.publish.options(num_returns=2).remote()
+    applied = [w.apply_weights.remote(update_ref, payload_ref) for w in workers.rollout]
+    if include_reference and workers.reference is not None:
+        ref_update, ref_payload = workers.trainer.publish.options(num_returns=2).remote(
+            role="reference"
+        )
+        applied.append(workers.reference.apply_weights.remote(ref_update, ref_payload))
+    versions = ray.get(applied)
+    return versions[0]
