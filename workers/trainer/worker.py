@@ -203,6 +203,30 @@ class TrainerWorker:
             if hasattr(module, "invalidate_quantized"):
                 module.invalidate_quantized()
 
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume training exactly: master weights (CPU tensors, HF names),
+        AdamW state, LR scheduler, policy version and this process's RNG states."""
+        return {
+            "model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "version": self.version,
+            "rng": {"torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a ``state_dict()``; the FP8 weight caches are rebuilt from the restored weights."""
+        with torch.no_grad():
+            self.model.load_state_dict({k: v.to(self.device) for k, v in state["model"].items()})
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.version = int(state["version"])
+        torch.set_rng_state(state["rng"]["torch"])
+        if state["rng"]["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        self._invalidate_fp8()
+
     def init_transport(self, name: str, **kwargs: Any) -> None:
         """Use transport ``name`` for weight updates (``nccl`` joins its process group as rank 0)."""
         self.transports[name] = make_transport(name, **kwargs)
