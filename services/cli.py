@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from fp8rl.services.commands import run, runs, serve, validate
+from fp8rl.services.commands import export, mismatch, report, run, runs, serve, validate
 
 app = typer.Typer(
     name="fp8rl",
@@ -26,8 +26,11 @@ def _root() -> None:
 
 validate.register(app)
 run.register(app)
+mismatch.register(app)
 serve.register(app)
 runs.register(app)
+export.register(app)
+report.register(app)
 
 
 def main() -> None:
