@@ -104,11 +104,16 @@ def attention(
         [B, H, Lq, D] in q.dtype.
     """
     groups = q.shape[1] // k.shape[1]
+    if not exact:
+        # GQA without copying K/V: fold each KV head's query group into the query axis.
+        b, h, lq, d = q.shape
+        folded = q.reshape(b, k.shape[1], groups * lq, d)
+        fmask = mask.unsqueeze(2).expand(b, 1, groups, lq, mask.shape[-1]).reshape(b, 1, groups * lq, -1)
+        out = F.scaled_dot_product_attention(folded, k, v, attn_mask=fmask, scale=scale)
+        return out.reshape(b, h, lq, d)
     if groups > 1:
         k = k.repeat_interleave(groups, dim=1)
         v = v.repeat_interleave(groups, dim=1)
-    if not exact:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     scores = torch.matmul(q.double(), k.double().transpose(-1, -2)) * scale
     scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1)

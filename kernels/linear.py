@@ -27,7 +27,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from fp8rl.kernels.gemm import fp8_gemm
+from fp8rl.kernels.gemm import fp8_gemm, fp8_gemm_dequantized
 from fp8rl.kernels.quant import (
     FP8_DTYPE,
     GROUP,
@@ -107,6 +107,16 @@ def fp8_linear(
         )[0]
 
 
+def _backward_gemm(
+    a: QuantizedTensor, b: QuantizedTensor, *, out_dtype: torch.dtype, exact: bool
+) -> Tensor:
+    """DGrad/WGrad GEMM: the device's FP8 kernel on CUDA; on CPU the dequantized float32 GEMM
+    (the backward needs no batch invariance, only the forward does)."""
+    if a.codes.device.type == "cuda":
+        return fp8_gemm(a, b, out_dtype=out_dtype, exact=exact)
+    return fp8_gemm_dequantized(a, b, out_dtype=out_dtype)
+
+
 class _FP8LinearFunction(torch.autograd.Function):
     """FProp / DGrad / WGrad of DESIGN.md §2 with the activation saved in FP8."""
 
@@ -138,14 +148,14 @@ class _FP8LinearFunction(torch.autograd.Function):
             )
         if need_x:  # DGrad: ∇Y (1×128 along N) · the same W blocks transposed
             wq = QuantizedTensor(w_codes, w_scale, (GROUP, GROUP))
-            grad_x = fp8_gemm(g_rows, wq.t(), out_dtype=ctx.x_dtype, exact=exact)
+            grad_x = _backward_gemm(g_rows, wq.t(), out_dtype=ctx.x_dtype, exact=exact)
             grad_x = grad_x.reshape(ctx.x_shape)
         if need_w:  # WGrad: ∇Yᵀ (1×128 along tokens) · X (128×1 re-quantized from FP8 X)
             xq = QuantizedTensor(x_codes, x_scale, (1, GROUP))
             x_cols = requant_to_column_groups(xq, scale_format=scale_format, name="saved input")
             direct = ctx.w_dtype in (torch.float32, torch.bfloat16)  # fp32 accumulate, one rounding
             out_dtype = ctx.w_dtype if direct else torch.float32
-            grad_w = fp8_gemm(g_cols.t(), x_cols.t(), out_dtype=out_dtype, exact=exact)
+            grad_w = _backward_gemm(g_cols.t(), x_cols.t(), out_dtype=out_dtype, exact=exact)
             grad_w = grad_w.to(ctx.w_dtype)
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             grad_b = grad_2d.to(torch.float32).sum(dim=0).to(ctx.bias_dtype)

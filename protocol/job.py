@@ -84,6 +84,11 @@ class JobSpec(StrictModel):
                 f"data.max_prompt_tokens ({self.data.max_prompt_tokens}) + rollout.max_tokens "
                 f"({self.rollout.max_tokens}) exceeds model.max_model_len ({self.model.max_model_len})"
             )
+        if self.precision.quant.kv_cache_dtype != "auto" and self.precision.mode != "unified_fp8":
+            raise ValueError(
+                "precision.quant.kv_cache_dtype=fp8_e4m3 needs precision.mode=unified_fp8 (the trainer "
+                "calibrates the KV scales with the same round trip the engines apply)"
+            )
         if self.algorithm.advantage_estimator in ("grpo", "dr_grpo", "rloo") and self.rollout.n < 2:
             raise ValueError(
                 f"algorithm.advantage_estimator={self.algorithm.advantage_estimator} compares "

@@ -11,7 +11,7 @@ from fp8rl.protocol.base import StrictModel
 BUILTIN_MODELS = ("smollm2-135m-instruct",)
 """Models resolvable without a path (shipped in a PyPI package, no hub access)."""
 
-RANDOM_PRESETS = ("tiny-llama", "tiny-qwen3", "llama-3.1-8b", "qwen2.5-7b")
+RANDOM_PRESETS = ("tiny-llama", "tiny-qwen3", "small-llama", "llama-3.1-8b", "qwen2.5-7b")
 """Randomly initialised architectures for tests and speed benchmarks."""
 
 

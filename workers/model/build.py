@@ -25,6 +25,7 @@ def layer_precision(
         quant=precision.quant if fp8 else None,
         exact=precision.exact,
         trainable=trainable,
+        kv_fp8=fp8 and precision.quant.kv_cache_dtype == "fp8_e4m3",
     )
 
 

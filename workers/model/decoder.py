@@ -31,6 +31,7 @@ from fp8rl.kernels.invariant import (
     silu_mul,
     token_logprobs,
 )
+from fp8rl.kernels.kv import check_kv_scale, kv_dequantize, kv_quantize, kv_scale_from_amax
 from fp8rl.workers.model.config import DecoderConfig
 from fp8rl.workers.model.linear import LayerPrecision, make_linear
 
@@ -51,9 +52,13 @@ class KVCache:
         capacity: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        kv_fp8: bool = False,
     ) -> KVCache:
-        """Zero-filled cache for ``batch`` sequences of up to ``capacity`` positions."""
+        """Zero-filled cache for ``batch`` sequences of up to ``capacity`` positions
+        (FP8 E4M3 storage when ``kv_fp8``: half the memory of BF16)."""
         shape = (batch, config.num_key_value_heads, capacity, config.head_dim)
+        if kv_fp8:
+            dtype = torch.float8_e4m3fn
         layers = range(config.num_hidden_layers)
         return cls(
             [torch.zeros(shape, dtype=dtype, device=device) for _ in layers],
@@ -67,9 +72,7 @@ class KVCache:
 
     def select(self, index: Tensor) -> KVCache:
         """A cache holding only the sequences ``index`` (e.g. to replicate a prefill n times)."""
-        return KVCache(
-            [k.index_select(0, index) for k in self.k], [v.index_select(0, index) for v in self.v]
-        )
+        return KVCache([_rows(k, index) for k in self.k], [_rows(v, index) for v in self.v])
 
 
 class RMSNorm(nn.Module):
@@ -102,6 +105,12 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(d, c.rms_norm_eps, exact=self.exact)
         else:
             self.q_norm = self.k_norm = None
+        self.kv_fp8 = precision.kv_fp8
+        if self.kv_fp8:  # per-tensor scales, 0 = not calibrated (refused in forward)
+            self.register_buffer("k_scale", torch.zeros((), dtype=torch.float32))
+            self.register_buffer("v_scale", torch.zeros((), dtype=torch.float32))
+            self.register_buffer("kv_amax", torch.zeros(2, dtype=torch.float32), persistent=False)
+            self.observe_kv = False
 
     def forward(
         self,
@@ -121,15 +130,58 @@ class Attention(nn.Module):
         q = apply_rope(q.transpose(1, 2), cos, sin)
         k = apply_rope(k.transpose(1, 2), cos, sin)
         v = v.transpose(1, 2)
+        if self.kv_fp8:
+            k, v = self._kv_codes(k, v)
         if cache is not None:
             k_cache, v_cache = cache
             index = positions[:, None, :, None].expand(-1, self.kv_heads, -1, self.head_dim)
-            k_cache.scatter_(2, index, k)
-            v_cache.scatter_(2, index, v)
+            _scatter(k_cache, index, k)
+            _scatter(v_cache, index, v)
             k, v = k_cache, v_cache
+        if self.kv_fp8:
+            k = kv_dequantize(k, self.k_scale, q.dtype)
+            v = kv_dequantize(v, self.v_scale, q.dtype)
         mask = attention_mask(positions, k_len, k.shape[2])
         out = attention(q, k, v, mask, scale=self.head_dim**-0.5, exact=self.exact)
         return self.o_proj(out.transpose(1, 2).reshape(b, length, self.heads * self.head_dim))
+
+
+    def _kv_codes(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """FP8 codes of k and v with the calibrated scales (observing amax when calibrating)."""
+        if self.observe_kv:
+            with torch.no_grad():
+                seen = torch.stack([k.detach().abs().amax().float(), v.detach().abs().amax().float()])
+                self.kv_amax.copy_(torch.maximum(self.kv_amax, seen))
+        if not capturing():
+            check_kv_scale(self.k_scale, "k_scale")
+            check_kv_scale(self.v_scale, "v_scale")
+        return kv_quantize(k, self.k_scale), kv_quantize(v, self.v_scale)
+
+    def recalibrate_kv(self) -> None:
+        """Set k/v scales from the amax observed since the last call (trainer only)."""
+        with torch.no_grad():
+            if float(self.kv_amax.max()) > 0:
+                self.k_scale.copy_(kv_scale_from_amax(self.kv_amax[0]))
+                self.v_scale.copy_(kv_scale_from_amax(self.kv_amax[1]))
+            self.kv_amax.zero_()
+
+
+def capturing() -> bool:
+    """True while a CUDA graph is being captured (host-side checks must be skipped then)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _rows(cache: Tensor, index: Tensor) -> Tensor:
+    if cache.dtype == torch.float8_e4m3fn:  # no FP8 index_select on CPU: move bytes
+        return cache.view(torch.uint8).index_select(0, index).view(cache.dtype)
+    return cache.index_select(0, index)
+
+
+def _scatter(cache: Tensor, index: Tensor, values: Tensor) -> None:
+    """cache[b, h, index[b, h, i], d] = values (FP8 caches through a byte view: CPU has no FP8 scatter)."""
+    if cache.dtype == torch.float8_e4m3fn:
+        cache, values = cache.view(torch.uint8), values.view(torch.uint8)
+    cache.scatter_(2, index, values)
 
 
 class MLP(nn.Module):
@@ -215,7 +267,12 @@ class Decoder(nn.Module):
         return self.precision.dtype
 
     def forward(
-        self, input_ids: Tensor, positions: Tensor, k_len: Tensor, cache: KVCache | None = None
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        k_len: Tensor,
+        cache: KVCache | None = None,
+        kv_limit: int | None = None,
     ) -> Tensor:
         """Final hidden states [B, L, H] (compute dtype) for tokens at the given positions.
 
@@ -224,15 +281,18 @@ class Decoder(nn.Module):
             positions: [B, L] int64 position of each token (key index in the cache).
             k_len: [B] number of valid keys per sequence (its length so far, this chunk included).
             cache: KV cache written at ``positions`` and attended over; None = keys are this chunk.
+            kv_limit: attend over the first ``kv_limit`` cache positions only (all positions and
+                keys of the step must lie below it); saves reading the unused cache tail.
         """
-        if int(positions.max()) >= self.rope_cos.shape[0]:
+        if not capturing() and int(positions.max()) >= self.rope_cos.shape[0]:
             raise ValueError(
                 f"position {int(positions.max())} exceeds max_positions {self.rope_cos.shape[0]}"
             )
         x = F.embedding(input_ids, self.model.embed_tokens.weight).to(self.compute_dtype)
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        limit = None if cache is None else (kv_limit or cache.capacity)
         for i, layer in enumerate(self.model.layers):
-            kv = None if cache is None else (cache.k[i], cache.v[i])
+            kv = None if cache is None else (cache.k[i][:, :, :limit], cache.v[i][:, :, :limit])
             if self.gradient_checkpointing and self.training and cache is None:
                 x = checkpoint(layer, x, cos, sin, positions, k_len, use_reentrant=False)
             else:

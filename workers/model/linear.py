@@ -26,6 +26,8 @@ class LayerPrecision:
         quant: the QuantConfig (scale rule, BF16-kept modules and blocks); required when fp8.
         exact: batch-invariant (bitwise parity) kernels.
         trainable: linear layers own master weights (trainer) instead of FP8 codes only (engines).
+        kv_fp8: keys/values go through the calibrated per-tensor FP8 round trip (FP8 KV cache);
+            a model-level switch that BF16-kept blocks keep too.
     """
 
     dtype: torch.dtype = torch.bfloat16
@@ -33,6 +35,7 @@ class LayerPrecision:
     quant: QuantConfig | None = None
     exact: bool = False
     trainable: bool = True
+    kv_fp8: bool = False
 
     def __post_init__(self) -> None:
         if self.fp8 and self.quant is None:

@@ -20,7 +20,11 @@ from torch import Tensor
 from fp8rl.kernels.invariant import token_logprobs
 from fp8rl.protocol import SamplingParams
 from fp8rl.workers.model.decoder import Decoder, KVCache
+from fp8rl.workers.rollout.cuda_graphs import GraphDecoder
 from fp8rl.workers.rollout.sampling import sample_tokens
+
+KV_BUCKET = 128
+"""Decode attends over the KV cache up to the next multiple of this many positions."""
 
 
 @dataclass
@@ -39,15 +43,20 @@ class NativeEngine:
         model: the shared decoder built for inference.
         eos_token_ids: ids that always end a response.
         max_batch_size: most sequences decoded at once (prompts are chunked to fit).
+        cuda_graphs: replay captured decode steps on CUDA (ignored on CPU).
     """
 
-    def __init__(
-        self, model: Decoder, *, eos_token_ids: Sequence[int], max_batch_size: int = 256
-    ) -> None:
+    def __init__(self, model: Decoder, *, eos_token_ids: Sequence[int], max_batch_size: int = 256,
+                 cuda_graphs: bool = False) -> None:
         self.model = model
         self.eos = set(eos_token_ids)
         self.max_batch_size = max_batch_size
         self.device = next(model.parameters(), model.rope_cos).device
+        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        if self.device.type == "cuda":  # no per-GEMM NaN check (a host sync each) while decoding
+            for module in model.modules():
+                if hasattr(module, "check_finite"):
+                    module.check_finite = False
 
     @torch.inference_mode()
     def generate(
@@ -90,6 +99,7 @@ class NativeEngine:
             capacity=width + sp.max_tokens,
             dtype=model.compute_dtype,
             device=dev,
+            kv_fp8=model.precision.kv_fp8,
         )
         positions = torch.arange(width, device=dev).expand(len(prompts), width)
         hidden = model(ids, positions, lens, cache)
@@ -98,55 +108,47 @@ class NativeEngine:
         rows = torch.arange(len(prompts), device=dev).repeat_interleave(sp.n)
         cache, last, pos = cache.select(rows), last[rows], lens[rows]
         gens = [Generation() for _ in range(len(rows))]
-        active = torch.arange(len(rows), device=dev)  # index into gens of each decode row
+        active = list(range(len(rows)))  # gens index of each decode row (-1: finished, graph mode)
+        pos_host = [len(prompts[i // sp.n]) for i in range(len(rows))]
+        graphs = GraphDecoder(model, cache, len(rows)) if self.cuda_graphs else None
         stop = self.eos | set(sp.stop_token_ids)
+        logits = model.logits(last)
         for step in range(sp.max_tokens):
-            logits = model.logits(last)
-            tokens = sample_tokens(
-                logits,
-                temperature=sp.temperature,
-                top_k=sp.top_k,
-                top_p=sp.top_p,
-                generator=generator,
-            )
-            logps = token_logprobs(
-                logits, tokens, temperature=sp.temperature, exact=model.precision.exact
-            )
+            tokens = sample_tokens(logits, temperature=sp.temperature, top_k=sp.top_k,
+                                   top_p=sp.top_p, generator=generator)
+            logps = token_logprobs(logits, tokens, temperature=sp.temperature,
+                                   exact=model.precision.exact)
             keep = self._record(gens, active, tokens, logps, stop, final=step == sp.max_tokens - 1)
-            if not keep.any():
+            if not any(keep):
                 break
-            if not keep.all():
-                index = keep.nonzero().squeeze(-1)
-                cache, active, tokens, pos = (
-                    cache.select(index),
-                    active[index],
-                    tokens[index],
-                    pos[index],
-                )
-            hidden = model(tokens[:, None], pos[:, None], pos + 1, cache)
-            last, pos = hidden[:, 0], pos + 1
+            if graphs is not None:  # static shapes: finished rows stay, marked -1
+                active = [g if k else -1 for g, k in zip(active, keep, strict=True)]
+            elif not all(keep):
+                index = torch.tensor([i for i, k in enumerate(keep) if k], device=dev)
+                cache, tokens, pos = cache.select(index), tokens[index], pos[index]
+                active = [active[i] for i in index.tolist()]
+                pos_host = [pos_host[i] for i in index.tolist()]
+            limit = min(cache.capacity, -(-(max(pos_host) + 1) // KV_BUCKET) * KV_BUCKET)
+            if graphs is not None:
+                logits = graphs(tokens, pos, limit)
+            else:
+                hidden = model(tokens[:, None], pos[:, None], pos + 1, cache, kv_limit=limit)
+                logits = model.logits(hidden[:, 0])
+            pos, pos_host = pos + 1, [p + 1 for p in pos_host]
         return [gens[i * sp.n : (i + 1) * sp.n] for i in range(len(prompts))]
 
     @staticmethod
-    def _record(
-        gens: list[Generation],
-        active: Tensor,
-        tokens: Tensor,
-        logps: Tensor,
-        stop: set[int],
-        *,
-        final: bool,
-    ) -> Tensor:
-        """Append each row's token; return which rows continue."""
-        keep = torch.ones(len(active), dtype=torch.bool)
-        for row, (g, tok, lp) in enumerate(
-            zip(active.tolist(), tokens.tolist(), logps.tolist(), strict=True)
-        ):
+    def _record(gens: list[Generation], active: list[int], tokens: Tensor, logps: Tensor,
+                stop: set[int], *, final: bool) -> list[bool]:
+        """Append each live row's token; return which rows continue (finished rows: False)."""
+        keep = []
+        for g, tok, lp in zip(active, tokens.tolist(), logps.tolist(), strict=True):
+            if g < 0:
+                keep.append(False)
+                continue
             gens[g].token_ids.append(tok)
             gens[g].logprobs.append(lp)
             if tok in stop:
                 gens[g].finish_reason = "stop"
-                keep[row] = False
-            elif final:
-                keep[row] = False
-        return keep.to(active.device)
+            keep.append(tok not in stop and not final)
+        return keep

@@ -8,6 +8,7 @@ cached once per optimizer step — the same codes ``publish`` ships to the engin
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ from fp8rl.protocol import (
 from fp8rl.workers.algorithms import entropy_from_logits, loss_denominator, rl_objective
 from fp8rl.workers.common import handshake, load_model, pick_device
 from fp8rl.workers.model.build import DTYPES, layer_precision
-from fp8rl.workers.model.scoring import response_hidden
+from fp8rl.workers.model.scoring import PackedBatch, response_hidden
 from fp8rl.workers.trainer.batch import TrainBatch
 from fp8rl.workers.trainer.schedule import lr_factor
 from fp8rl.workers.weight_sync.transport import make_transport
@@ -112,14 +113,48 @@ class TrainerWorker:
 
     @torch.no_grad()
     def logprobs(self, batch: TrainBatch) -> Tensor:
-        """Current-policy logprobs [B, R] (float32, CPU) of the batch's response tokens."""
+        """Current-policy logprobs [B, R] (float32, CPU) of the batch's response tokens.
+
+        With an FP8 KV cache this scoring pass also measures K/V amax for the next scales.
+        """
         self.model.eval()
         out = []
-        for start in range(0, len(batch), self.spec.micro_batch_size):
-            micro = batch.select(slice(start, start + self.spec.micro_batch_size)).to(self.device)
-            logp, _ = self._score(micro, with_entropy=False)
-            out.append(_pad_to(logp.cpu(), batch.packed.response_ids.shape[1]))
+        with self._observing_kv():
+            for start in range(0, len(batch), self.spec.micro_batch_size):
+                micro = batch.select(slice(start, start + self.spec.micro_batch_size)).to(self.device)
+                logp, _ = self._score(micro, with_entropy=False)
+                out.append(_pad_to(logp.cpu(), batch.packed.response_ids.shape[1]))
         return torch.cat(out)
+
+    @torch.no_grad()
+    def calibrate_kv(self, batch: PackedBatch) -> None:
+        """Initial FP8 KV scales from a forward over ``batch`` (a no-op without an FP8 KV cache)."""
+        attns = self._kv_modules()
+        if not attns:
+            return
+        for attn in attns:  # provisional unit scales: amax is observed before quantization
+            attn.k_scale.fill_(1.0)
+            attn.v_scale.fill_(1.0)
+        with self._observing_kv():
+            for start in range(0, batch.input_ids.shape[0], self.spec.micro_batch_size):
+                micro = batch.select(slice(start, start + self.spec.micro_batch_size)).to(self.device)
+                self.model(micro.input_ids, micro.positions, micro.lengths)
+        for attn in attns:
+            attn.recalibrate_kv()
+
+    def _kv_modules(self) -> list[Any]:
+        return [m for m in self.model.modules() if getattr(m, "kv_fp8", False)]
+
+    @contextmanager
+    def _observing_kv(self):
+        attns = self._kv_modules()
+        for attn in attns:
+            attn.observe_kv = True
+        try:
+            yield
+        finally:
+            for attn in attns:
+                attn.observe_kv = False
 
     def train(self, batch: TrainBatch) -> dict[str, float]:
         """PPO epochs × mini-batches over ``batch``; one optimizer step per mini-batch.
@@ -172,6 +207,8 @@ class TrainerWorker:
         self.optimizer.step()
         self.scheduler.step()
         self._invalidate_fp8()
+        for attn in self._kv_modules():  # next version's KV scales, from this step's scoring pass
+            attn.recalibrate_kv()
         self.version += 1
         micro_batches = math.ceil(len(mini) / self.spec.micro_batch_size)
         out = {k: (v if k in _SUMMED else v / micro_batches) for k, v in sums.items()}
@@ -211,8 +248,10 @@ class TrainerWorker:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "version": self.version,
-            "rng": {"torch": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            },
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

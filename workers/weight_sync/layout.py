@@ -60,7 +60,15 @@ def engine_slots(model: nn.Module) -> dict[str, SlotSpec]:
         for pname, param in module.named_parameters(recurse=False):
             name = f"{prefix}.{pname}" if prefix else pname
             slots[name] = SlotSpec(name, "dense", tuple(param.shape), param.dtype)
+        for bname in KV_SCALES:
+            if getattr(module, "kv_fp8", False):
+                name = f"{prefix}.{bname}"
+                slots[name] = SlotSpec(name, "kv_scale", (), torch.float32)
     return slots
+
+
+KV_SCALES = ("k_scale", "v_scale")
+"""Per-tensor FP8 KV-cache scale buffers of an attention module (shipped with the weights)."""
 
 
 def _ancestors(model: nn.Module, prefix: str) -> list[nn.Module]:

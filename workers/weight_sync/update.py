@@ -17,6 +17,7 @@ from fp8rl.protocol import TensorEntry, WeightUpdate
 from fp8rl.workers.model.linear import LayerPrecision
 from fp8rl.workers.weight_sync.checksum import wsum64
 from fp8rl.workers.weight_sync.layout import (
+    KV_SCALES,
     SCALE_SUFFIX,
     SlotSpec,
     engine_slots,
@@ -101,6 +102,12 @@ def build_update(
                 continue
             payload[name] = param.detach().to(receiver.dtype)
             meta[name] = ("dense", None)
+        if receiver.kv_fp8:
+            for prefix, module in model.named_modules():
+                if getattr(module, "kv_fp8", False):
+                    for leaf in KV_SCALES:
+                        payload[f"{prefix}.{leaf}"] = getattr(module, leaf).detach().clone()
+                        meta[f"{prefix}.{leaf}"] = ("kv_scale", None)
     scale_format = receiver.quant.scale_format if receiver.fp8 else None
     entries = [
         TensorEntry(
@@ -178,7 +185,7 @@ def _check_tensor(
             problems.append(
                 f"{n}: scale format {entry.scale_format}, the engine uses {scale_format}"
             )
-    if slot.role == "weight_scale" and not problems:
+    if slot.role in ("weight_scale", "kv_scale") and not problems:
         bad = ~torch.isfinite(tensor) | (tensor <= 0)
         if bool(bad.any()):
             problems.append(f"{n}: {int(bad.sum())} scales are zero, negative or not finite")

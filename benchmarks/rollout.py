@@ -1,0 +1,146 @@
+"""Rollout throughput of the native engine: BF16 vs unified FP8, against the HBM roofline.
+
+    python benchmarks/rollout.py --preset llama-3.1-8b --batch 64 256 --gen 1024 --prompt 128
+
+Random weights (speed only). Prefill throughput = prompt tokens / time of one batched prefill.
+Decode throughput = generated tokens / decode time (EOS disabled so every row runs ``--gen``
+steps). The roofline for a decode step is (bytes of weights read + bytes of KV cache read) /
+HBM bandwidth: weights once per step (FP8 linears 1 byte/param + scales, BF16 lm_head),
+KV for the average context length of the run. Prints a table; ``--out`` writes JSON + Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from fp8rl.protocol import QuantConfig, SamplingParams
+from fp8rl.workers.model.build import build_decoder
+from fp8rl.workers.model.config import PRESETS, DecoderConfig
+from fp8rl.workers.model.decoder import KVCache
+from fp8rl.workers.model.linear import LayerPrecision
+from fp8rl.workers.rollout.engine import NativeEngine
+
+HBM_BYTES_PER_S = 4.3e12  # measured HBM copy bandwidth on the H200
+
+
+def weight_bytes(cfg: DecoderConfig, mode: str) -> float:
+    """Bytes of weights one decode step reads (embedding rows are negligible)."""
+    h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    per_layer = h * d * (cfg.num_attention_heads * 2 + cfg.num_key_value_heads * 2) + 3 * h * i
+    linear = per_layer * cfg.num_hidden_layers
+    lm_head = cfg.vocab_size * h * 2
+    if mode == "bf16":
+        return linear * 2 + lm_head
+    return linear * (1 + 4 / (128 * 128)) + lm_head
+
+
+def kv_bytes_per_token(cfg: DecoderConfig, kv_fp8: bool) -> float:
+    """K and V bytes per cached token, all layers."""
+    return 2 * cfg.num_key_value_heads * cfg.head_dim * (1 if kv_fp8 else 2) * cfg.num_hidden_layers
+
+
+def build(cfg: DecoderConfig, mode: str, max_positions: int, device: str):
+    precision = LayerPrecision(dtype=torch.bfloat16, fp8=mode != "bf16",
+                               quant=QuantConfig() if mode != "bf16" else None, exact=False, trainable=False)
+    return build_decoder(cfg, precision, state_dict=None, max_positions=max_positions,
+                         param_dtype=torch.bfloat16, device=device)
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+@torch.inference_mode()
+def prefill_tokens_per_s(model, cfg, batch: int, prompt: int, device: str) -> float:
+    ids = torch.randint(0, cfg.vocab_size, (batch, prompt), device=device)
+    pos = torch.arange(prompt, device=device).expand(batch, prompt)
+    lens = torch.full((batch,), prompt, device=device)
+    cache = KVCache.allocate(cfg, batch=batch, capacity=prompt, dtype=torch.bfloat16, device=device)
+    model(ids, pos, lens, cache)  # warm-up
+    sync(device)
+    t0 = time.perf_counter()
+    hidden = model(ids, pos, lens, cache)
+    model.logits(hidden[:, -1])
+    sync(device)
+    return batch * prompt / (time.perf_counter() - t0)
+
+
+def decode_tokens_per_s(model, cfg, batch: int, prompt: int, gen: int, device: str, graphs: bool,
+                        prefill_rate: float) -> float:
+    engine = NativeEngine(model, eos_token_ids=[], max_batch_size=batch, cuda_graphs=graphs)
+    prompts = torch.randint(0, cfg.vocab_size, (batch, prompt)).tolist()
+    engine.generate(prompts[:2], SamplingParams(n=1, max_tokens=8, seed=0))  # compile/warm-up
+    sync(device)
+    t0 = time.perf_counter()
+    out = engine.generate(prompts, SamplingParams(n=1, max_tokens=gen, temperature=1.0, seed=0))
+    sync(device)
+    total = time.perf_counter() - t0
+    assert all(len(g[0].token_ids) == gen for g in out)
+    decode = total - batch * prompt / prefill_rate
+    return batch * gen / decode
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="llama-3.1-8b", choices=sorted(PRESETS))
+    parser.add_argument("--batch", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--gen", type=int, default=1024)
+    parser.add_argument("--prompt", type=int, default=128)
+    parser.add_argument("--modes", nargs="+", default=["bf16", "unified_fp8"])
+    parser.add_argument("--graphs", nargs="+", default=["on", "off"], help="CUDA graphs on and/or off")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    cfg = PRESETS[args.preset]
+    rows = []
+    for mode in args.modes:
+        model = build(cfg, mode, args.prompt + args.gen + 8, args.device)
+        for batch in args.batch:
+            prefill = prefill_tokens_per_s(model, cfg, batch, args.prompt, args.device)
+            ctx = args.prompt + args.gen / 2
+            step_bytes = weight_bytes(cfg, mode) + batch * ctx * kv_bytes_per_token(cfg, False)
+            roofline = batch / (step_bytes / HBM_BYTES_PER_S)
+            for graphs in args.graphs:
+                if graphs == "on" and not args.device.startswith("cuda"):
+                    continue
+                try:
+                    rate = decode_tokens_per_s(model, cfg, batch, args.prompt, args.gen, args.device,
+                                               graphs == "on", prefill)
+                    error = ""
+                except Exception as exc:  # keep the other rows of the table
+                    rate, error = float("nan"), f"{type(exc).__name__}: {exc}"[:200]
+                rows.append({"mode": mode, "batch": batch, "cuda_graphs": graphs, "prefill_tok_s": prefill,
+                             "decode_tok_s": rate, "roofline_tok_s": roofline,
+                             "roofline_pct": 100 * rate / roofline, "error": error})
+                print(json.dumps(rows[-1]), flush=True)
+        del model
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    for row in rows:
+        base = next((r for r in rows if r["mode"] == "bf16" and r["batch"] == row["batch"]
+                     and r["cuda_graphs"] == row["cuda_graphs"]), None)
+        row["speedup_vs_bf16"] = row["decode_tok_s"] / base["decode_tok_s"] if base else float("nan")
+    header = (f"# Rollout throughput — {args.preset} (random weights), prompt {args.prompt}, gen {args.gen}\n\n"
+              f"{time.strftime('%Y-%m-%d')} · {torch.cuda.get_device_name() if args.device.startswith('cuda') else platform.processor()}"
+              f" · torch {torch.__version__}\n\n"
+              "| mode | batch | CUDA graphs | prefill tok/s | decode tok/s | vs BF16 | roofline tok/s | % roofline |\n"
+              "|---|---|---|---|---|---|---|---|\n")
+    lines = [f"| {r['mode']} | {r['batch']} | {r['cuda_graphs']} | {r['prefill_tok_s']:,.0f} | {r['decode_tok_s']:,.0f} | "
+             f"{r['speedup_vs_bf16']:.2f}× | {r['roofline_tok_s']:,.0f} | {r['roofline_pct']:.0f}% |" for r in rows]
+    table = header + "\n".join(lines) + "\n"
+    print(table)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "rollout.json").write_text(json.dumps(rows, indent=2))
+        (args.out / "rollout.md").write_text(table)
+
+
+if __name__ == "__main__":
+    main()

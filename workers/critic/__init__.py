@@ -1,0 +1,1 @@
+"""The PPO critic (value model) for GAE advantages."""
