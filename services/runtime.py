@@ -34,11 +34,10 @@ def init_ray(address: str | None) -> None:
         return
     if address is None and not os.environ.get("RAY_ADDRESS"):
         address = _reachable_local_cluster() or "local"
-    ray.init(
-        address=address,
-        log_to_driver=True,
-        runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
-    )
+    # No runtime_env here: under `ray job submit` it would conflict with the job's own. A local
+    # Ray started by this process inherits this environment (so its actors do too).
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    ray.init(address=address, log_to_driver=True)
 
 
 def _reachable_local_cluster() -> str | None:
