@@ -8,6 +8,7 @@ from pydantic import Field, field_validator
 
 from fp8rl.protocol.base import StrictModel
 from fp8rl.protocol.data_spec import DatasetSpec
+from fp8rl.protocol.reward_spec import RewardFnSpec
 
 TrackingBackend = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]
 
@@ -117,3 +118,7 @@ class EvalSpec(StrictModel):
 
     max_tokens: int = Field(default=256, ge=1)
     """Evaluation response length."""
+
+    rewards: dict[str, list[RewardFnSpec]] = Field(default_factory=dict)
+    """Reward terms per evaluation set, keyed by its logged name (``gsm8k_test`` for
+    ``…/gsm8k/test.jsonl``, ``math500_test``, ``arithmetic_L1``); sets not listed use ``reward.functions``."""

@@ -19,21 +19,24 @@ import ray
 import torch
 
 from fp8rl.protocol import JobSpec, RunState, SpecError, load_job_spec
+from fp8rl.services.checkpoint import Checkpointer, checkpoint_step
 from fp8rl.services.data import PromptSampler, build_dataset
-from fp8rl.services.progress import StepProgress
+from fp8rl.services.eval_phase import Evaluator
 from fp8rl.services.rollout_phase import PromptFeed, collect
 from fp8rl.services.run_dir import prepare_run_dir
 from fp8rl.services.runtime import init_ray, launch_workers, sync_weights
+from fp8rl.services.step_batch import (
+    advantages,
+    calibrate_kv_cache,
+    critic_values,
+    new_batch,
+    reference_logprobs,
+    train,
+)
 from fp8rl.services.step_metrics import generation_rows, rollout_metrics, throughput
 from fp8rl.services.tracking import Tracker
-from fp8rl.workers.algorithms import (
-    compute_advantages,
-    kl_reward_penalty,
-    mismatch_by_position,
-    mismatch_metrics,
-)
+from fp8rl.workers.algorithms import mismatch_by_position, mismatch_metrics
 from fp8rl.workers.model.loading import load_tokenizer, resolve_model
-from fp8rl.workers.trainer.batch import TrainBatch
 
 log = logging.getLogger("fp8rl.driver")
 
@@ -41,84 +44,65 @@ log = logging.getLogger("fp8rl.driver")
 def run(job: JobSpec, *, reporter: Any = None) -> dict[str, float]:
     """Run ``job`` to the end (or until a stop is requested); return the last step's metrics."""
     run_dir = prepare_run_dir(job)
-    tracker = Tracker(run_dir, job.logging, config=job.model_dump(mode="json"))
+    checkpoints = Checkpointer(run_dir, job)
+    resume = checkpoints.resolve()  # refuses a checkpoint of another quant contract up front
+    start = checkpoint_step(resume)  # steps already done (0: a fresh start)
+    tracker = Tracker(run_dir, job.logging, config=job.model_dump(mode="json"),
+                      total_steps=job.steps, start_step=start)
+    tracker.status("starting Ray workers and loading the model")
     init_ray(job.resources.ray_address)
     workers = launch_workers(job)
     tokenizer = load_tokenizer(resolve_model(job.model.path, load_weights=False).tokenizer_dir)
-    sampler = PromptSampler(
-        build_dataset(job.data.train),
-        batch_size=job.data.prompts_per_step,
-        shuffle=job.data.shuffle,
-        seed=job.seed,
-    )
+    sampler = PromptSampler(build_dataset(job.data.train), batch_size=job.data.prompts_per_step,
+                            shuffle=job.data.shuffle, seed=job.seed)
     feed = PromptFeed(sampler, tokenizer, job)
-    sync_weights(
-        workers, include_reference=True
-    )  # version 0: engines hold the trainer's exact codes
+    evaluator = Evaluator(job, workers.rollout, workers.reward, tokenizer)
+    calibrate_kv_cache(workers, job, feed)
+    sync_weights(workers, include_reference=True)  # version 0: engines hold the trainer's exact codes
+    if resume:  # trainer state, data cursor, RNG; the reference keeps the initial policy
+        checkpoints.restore(resume, workers.trainer, sampler)
+        sync_weights(workers)
     if reporter:
         reporter.started(quant_fingerprint=job.precision.quant.fingerprint(), run_dir=str(run_dir))
-    progress, metrics = StepProgress(job.steps), {}
-    for step in range(job.steps):
+    metrics, done, stopped = {}, start, False
+    for step in range(start, job.steps):
+        tracker.status(f"step {step} running")
         timer = PhaseTimer()
         with timer("rollout"):
             rollouts = collect(job, feed, workers.rollout, workers.reward, tokenizer, step=step)
-        batch = TrainBatch(
-            packed=rollouts.packed(pad_id=tokenizer.pad_token_id or 0),
-            rollout_logp=None,
-            old_logp=None,
-            advantages=None,
-            ref_logp=None,
-            policy_version=rollouts.samples[0].policy_version,
-            temperature=job.rollout.temperature,
-        )
-        mask = batch.packed.response_mask
-        batch.rollout_logp = rollouts.rollout_logprobs(mask.shape[1])
+        batch = new_batch(rollouts, job, pad_id=tokenizer.pad_token_id or 0)
         with timer("ref"):
-            if workers.reference is not None:
-                batch.ref_logp = ray.get(
-                    workers.reference.logprobs.remote(batch.packed, temperature=batch.temperature)
-                )
+            batch.ref_logp = reference_logprobs(workers, batch)
         with timer("old_logp"):
             batch.old_logp = ray.get(workers.trainer.logprobs.remote(batch))
+            values = critic_values(workers, batch)
+        mask = batch.packed.response_mask
         mismatch = mismatch_metrics(batch.old_logp, batch.rollout_logp, mask)
-        token_rewards = None
-        if job.algorithm.kl.coef > 0 and job.algorithm.kl.use == "reward":
-            token_rewards = kl_reward_penalty(
-                batch.old_logp, batch.ref_logp, mask, kl=job.algorithm.kl
-            )
-        batch.advantages, _ = compute_advantages(
-            rollouts.rewards,
-            mask,
-            spec=job.algorithm,
-            group_size=job.rollout.n,
-            token_rewards=token_rewards,
-        )
+        batch.advantages, returns = advantages(job, rollouts, batch, values)
         with timer("train"):
-            train_metrics = ray.get(workers.trainer.train.remote(batch))
+            train_metrics = train(workers, batch, returns=returns, values=values)
         with timer("sync"):
             version = sync_weights(workers)
-        metrics = {
-            **rollout_metrics(rollouts, max_tokens=job.rollout.max_tokens),
-            **mismatch,
-            **train_metrics,
-            **timer.metrics(),
-            "policy_version": float(version),
-            "perf/tokens_per_s": throughput(mask.sum(), timer.total),
-        }
+        metrics = {**rollout_metrics(rollouts, max_tokens=job.rollout.max_tokens), **mismatch,
+                   **train_metrics, **timer.metrics(), "policy_version": float(version),
+                   "perf/tokens_per_s": throughput(mask.sum(), timer.total)}
         tracker.log(step, metrics)
         tracker.log_generations(step, generation_rows(rollouts, job.logging.log_generations))
-        tracker.log_curve(
-            step,
-            "mismatch_by_position",
-            mismatch_by_position(batch.old_logp, batch.rollout_logp, mask),
-        )
-        progress.update(step, metrics)
+        tracker.log_curve(step, "mismatch_by_position", mismatch_by_position(batch.old_logp, batch.rollout_logp, mask))
+        if evaluator.due(step):
+            tracker.status(f"step {step}: evaluating")
+            val_metrics, rows = evaluator.run(step)
+            tracker.log_validation(step, val_metrics, rows[: job.logging.log_generations])
+            metrics.update(val_metrics)
+        done = step + 1
+        checkpoints.maybe_save(done, workers.trainer, sampler)
         if reporter:
-            reporter.step(step, metrics)
+            reporter.step(done, metrics)  # the API counts completed steps (1 after the first)
             if reporter.stop_requested():
                 log.info("stop requested after step %d", step)
+                stopped = True
                 break
-    progress.close(metrics)
+    checkpoints.finish(done, workers.trainer, sampler, stopped=stopped)
     tracker.close()
     return metrics
 

@@ -61,6 +61,15 @@ class PromptFeed:
         self.chat = job.model.chat_template
         self.skipped = 0
 
+    def peek(self, count: int) -> list[tuple[PromptRecord, list[int]]]:
+        """The next ``count`` prompts without consuming them (the sampler's cursor is restored)."""
+        state, skipped = self.sampler.state_dict(), self.skipped
+        try:
+            return self.take(count)
+        finally:
+            self.sampler.load_state_dict(state)
+            self.skipped = skipped
+
     def take(self, count: int) -> list[tuple[PromptRecord, list[int]]]:
         """``count`` (record, token ids) pairs."""
         out: list[tuple[PromptRecord, list[int]]] = []
@@ -90,30 +99,18 @@ class PromptFeed:
         return out[:count]
 
 
-def generate(
-    engines: list[Any],
-    prompts: list[tuple[PromptRecord, list[int]]],
-    sampling: SamplingParams,
-    *,
-    request_id: str,
-) -> list[RolloutSample]:
-    """Split prompts across engines round-robin; return samples grouped per prompt in input order.
+def generate(engines: list[Any], prompts: list[tuple[str, list[int]]], sampling: SamplingParams, *,
+             request_id: str) -> list[RolloutSample]:
+    """Split ``(prompt_id, token ids)`` prompts across engines round-robin; return the samples
+    grouped per prompt in input order.
 
     Each prompt travels as ``<prompt_id>@<index in this call>`` so repeated records stay distinct.
     """
-    tagged = [
-        Prompt(prompt_id=f"{r.prompt_id}@{i}", token_ids=ids) for i, (r, ids) in enumerate(prompts)
-    ]
+    tagged = [Prompt(prompt_id=f"{pid}@{i}", token_ids=ids) for i, (pid, ids) in enumerate(prompts)]
     calls = [
-        engine.generate.remote(
-            RolloutRequest(
-                request_id=f"{request_id}/{rank}",
-                sampling=sampling,
-                prompts=tagged[rank :: len(engines)],
-            )
-        )
-        for rank, engine in enumerate(engines)
-        if tagged[rank :: len(engines)]
+        engine.generate.remote(RolloutRequest(request_id=f"{request_id}/{rank}", sampling=sampling,
+                                              prompts=tagged[rank :: len(engines)]))
+        for rank, engine in enumerate(engines) if tagged[rank :: len(engines)]
     ]
     by_prompt: dict[str, list[RolloutSample]] = {}
     for result in ray.get(calls):
@@ -169,7 +166,8 @@ def collect(
         prompts = feed.take(want - len(kept.records))
         records = [r for r, _ in prompts]
         sampling = sampling.model_copy(update={"seed": sampling.seed + rounds - 1})
-        samples = generate(engines, prompts, sampling, request_id=f"step{step}.{rounds}")
+        samples = generate(engines, [(r.prompt_id, ids) for r, ids in prompts], sampling,
+                           request_id=f"step{step}.{rounds}")
         outputs, texts = score(
             reward, tokenizer, records, samples, n=n, max_tokens=job.rollout.max_tokens
         )

@@ -115,84 +115,98 @@ class Workers:
     rollout: list[Any]
     reward: Any
     reference: Any | None = None
+    critic: Any | None = None
+    transport: str = "object_store"
     notes: list[str] = field(default_factory=list)
 
-    def all(self) -> list[Any]:
-        """Every actor handle."""
-        return [
-            self.trainer,
-            *self.rollout,
-            self.reward,
-            *([self.reference] if self.reference else []),
-        ]
+
+def check_supported(job: JobSpec) -> None:
+    """Refuse, before any actor starts, what the spec allows but this release does not run.
+
+    Raises:
+        ValueError: naming the field and what to use instead.
+    """
+    if job.trainer.backend == "megatron":
+        raise ValueError("trainer.backend=megatron is not implemented yet; use trainer.backend=native")
+    if job.rollout.backend == "sglang":
+        raise ValueError("rollout.backend=sglang is not implemented yet; use native or vllm")
+    if job.trainer.num_workers > 1:
+        raise ValueError(
+            f"trainer.num_workers={job.trainer.num_workers}: data-parallel training across trainer "
+            "actors is not implemented yet; use one trainer (more rollout workers are fine)"
+        )
 
 
 def launch_workers(job: JobSpec) -> Workers:
-    """Start the actors of ``job`` (each gets only its own sub-specs) and check their handshakes."""
+    """Start the actors of ``job`` (each gets only its own sub-specs) and check their handshakes.
+
+    GPUs: ``colocated`` actors share each GPU (fractional ``num_gpus``); ``disaggregated`` ones
+    own whole GPUs (a vLLM engine takes ``tensor_parallel_size``). On CPU actors reserve no cores.
+    """
+    from fp8rl.workers.critic.worker import CriticWorker
     from fp8rl.workers.reference.worker import ReferenceWorker
     from fp8rl.workers.reward.worker import RewardWorker
     from fp8rl.workers.trainer.worker import TrainerWorker
 
-    device = job.resources.device
-    cpus = job.resources.cpus_per_worker
-    colocated = job.resources.placement == "colocated"
+    check_supported(job)
+    device, seed = job.resources.device, job.seed
     gpu_roles = [job.trainer.gpus_per_worker, job.rollout.gpus_per_worker]
+    sharing = max(1, sum(1 for g in gpu_roles if g)) if job.resources.placement == "colocated" else 1
 
-    def opts(gpus: int) -> dict[str, Any]:
-        share = (1.0 / max(1, len([g for g in gpu_roles if g]))) if colocated and gpus else gpus
-        return {"num_cpus": cpus if device == "cuda" else 0, "num_gpus": share if gpus else 0}
+    def opts(gpus: int | float) -> dict[str, Any]:
+        return {"num_cpus": job.resources.cpus_per_worker if gpus else 0, "num_gpus": gpus / sharing}
 
-    trainer = (
-        ray.remote(TrainerWorker)
-        .options(**opts(job.trainer.gpus_per_worker))
-        .remote(
-            job.model,
-            job.trainer,
-            job.algorithm,
-            job.precision,
-            total_steps=job.steps,
-            batch_size=job.batch_size,
-            device=device,
-            seed=job.seed,
-        )
-    )
+    trainer = ray.remote(TrainerWorker).options(**opts(job.trainer.gpus_per_worker)).remote(
+        job.model, job.trainer, job.algorithm, job.precision, total_steps=job.steps,
+        batch_size=job.batch_size, device=device, seed=seed)
+    engine_gpus = job.rollout.gpus_per_worker * getattr(job.rollout, "tensor_parallel_size", 1)
     rollout = [
-        _rollout_actor(job)
-        .options(**opts(job.rollout.gpus_per_worker))
-        .remote(job.model, job.rollout, job.precision, device=device, rank=rank, seed=job.seed)
+        _rollout_actor(job).options(**opts(engine_gpus)).remote(
+            job.model, job.rollout, job.precision, device=device, rank=rank, seed=seed)
         for rank in range(job.rollout.num_workers)
     ]
     reference = None
     if job.reference_enabled:
-        reference = (
-            ray.remote(ReferenceWorker)
-            .options(**opts(job.reference.gpus_per_worker))
-            .remote(
-                job.model,
-                job.precision,
-                device=device,
-                micro_batch_size=job.trainer.micro_batch_size,
-                seed=job.seed,
-            )
-        )
+        reference = ray.remote(ReferenceWorker).options(**opts(job.reference.gpus_per_worker)).remote(
+            job.model, job.precision, device=device, micro_batch_size=job.trainer.micro_batch_size, seed=seed)
+    critic = None
+    if job.algorithm.advantage_estimator == "gae":
+        critic = ray.remote(CriticWorker).options(**opts(job.trainer.gpus_per_worker)).remote(
+            job.model, job.trainer, job.algorithm, device=device, seed=seed)
     reward = ray.remote(RewardWorker).options(num_cpus=0, max_concurrency=2).remote(job.reward)
-    workers = Workers(trainer=trainer, rollout=rollout, reward=reward, reference=reference)
-    reports = ray.get(
-        [a.handshake.remote() for a in [trainer, *rollout, *([reference] if reference else [])]]
-    )
+    workers = Workers(trainer=trainer, rollout=rollout, reward=reward, reference=reference, critic=critic)
+    reports = ray.get([a.handshake.remote() for a in [trainer, *rollout, *([reference] if reference else [])]])
     workers.notes = check_handshakes(reports, job.precision)
     for r in reports:
-        log.info(
-            "%s[%d]: fp8=%s fingerprint=%s kernels=%s exact=%s device=%s",
-            r.role,
-            r.rank,
-            r.fp8,
-            r.quant_fingerprint,
-            r.kernel_backend,
-            r.exact,
-            r.device,
-        )
+        log.info("%s[%d]: fp8=%s fingerprint=%s kernels=%s exact=%s device=%s", r.role, r.rank, r.fp8,
+                 r.quant_fingerprint, r.kernel_backend, r.exact, r.device)
+    workers.transport = setup_transport(workers, job, reports)
     return workers
+
+
+def setup_transport(workers: Workers, job: JobSpec, reports: list[Handshake]) -> str:
+    """Pick and initialise the weight transport (``resources.weight_transport``); return its name.
+
+    ``auto``: the object store on CPU, CUDA IPC when engines share the trainer's GPU, an NCCL
+    broadcast group (trainer = rank 0) when they own other GPUs. ``nccl`` on CPU uses gloo.
+    """
+    name = job.resources.weight_transport
+    on_gpu = any(r.device.startswith("cuda") for r in reports if r.role in ("trainer", "rollout"))
+    if name == "auto":
+        name = "object_store" if not on_gpu else (
+            "cuda_ipc" if job.resources.placement == "colocated" else "nccl")
+    if name == "object_store":
+        return name
+    if name == "cuda_ipc":
+        ray.get([a.init_transport.remote("cuda_ipc") for a in [workers.trainer, *workers.rollout]])
+        return name
+    host, port = ray.get(workers.trainer.free_address.remote())
+    world = 1 + len(workers.rollout)
+    common = {"init_method": f"tcp://{host}:{port}", "world_size": world,
+              "backend": "nccl" if on_gpu else "gloo"}
+    ray.get([workers.trainer.init_transport.remote("nccl", rank=0, **common),
+             *[w.init_transport.remote("nccl", rank=i + 1, **common) for i, w in enumerate(workers.rollout)]])
+    return name
 
 
 def _rollout_actor(job: JobSpec) -> Any:
@@ -214,6 +228,10 @@ def sync_weights(workers: Workers, *, include_reference: bool = False) -> int:
     materialises it, each engine resolves the same object. Returns the new policy version.
     """
     update_ref, payload_ref = workers.trainer.publish.options(num_returns=2).remote()
+    sending = []
+    if workers.transport == "nccl":  # receivers enter the broadcast while the trainer sends
+        update_ref = ray.get(update_ref)
+        sending = [workers.trainer.broadcast.remote()]
     applied = [w.apply_weights.remote(update_ref, payload_ref) for w in workers.rollout]
     if include_reference and workers.reference is not None:
         ref_update, ref_payload = workers.trainer.publish.options(num_returns=2).remote(
@@ -221,4 +239,5 @@ def sync_weights(workers: Workers, *, include_reference: bool = False) -> int:
         )
         applied.append(workers.reference.apply_weights.remote(ref_update, ref_payload))
     versions = ray.get(applied)
+    ray.get(sending)
     return versions[0]

@@ -1,22 +1,11 @@
-"""Shared fixtures: paths to the repository and to ../shared (read-only data beside the checkout)."""
+"""Fixtures shared by every test folder (helpers live in fp8rl_testing.py)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("FP8RL_SHARED", REPO.parent / "shared"))
-
-
-def shared_path(*parts: str) -> Path:
-    """A path under ../shared, or skip the test with the reason when it is absent."""
-    path = SHARED.joinpath(*parts)
-    if not path.exists():
-        pytest.skip(f"{path} not found: ../shared (datasets, CRDs) is not beside this checkout")
-    return path
+from fp8rl_testing import REPO
 
 
 @pytest.fixture

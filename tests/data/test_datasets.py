@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from conftest import shared_path
+from fp8rl_testing import shared_path
 
 from fp8rl.protocol import ArithmeticDataset, FileDataset
 from fp8rl.services.data import build_dataset, dataset_name, evaluate_expression

@@ -32,7 +32,7 @@ kubernetes_validate = pytest.importorskip(
     "kubernetes_validate", reason="needs kubernetes-validate (the dev extra)"
 )
 
-from conftest import REPO, shared_path  # noqa: E402
+from fp8rl_testing import REPO, shared_path  # noqa: E402
 
 CHART = REPO / "helm" / "fp8rl"
 RELEASE = "fp8rl"

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from chart_readme import documented_keys
 from chartlib import CHART, CRD_FILES, crd, helm, merged, render
-from conftest import REPO
+from fp8rl_testing import REPO
 from pydantic import BaseModel
 
 from fp8rl.protocol import JobSpec, load_job_spec

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import torch
+from tiny import tiny_job
 
 from fp8rl.workers.critic.worker import CriticWorker
 from fp8rl.workers.model.scoring import pack
 
 
 def test_value_loss_decreases_on_a_fixed_batch():
-    from tests.loop.conftest import tiny_job
 
     job = tiny_job("algorithm.advantage_estimator=gae", "algorithm.critic_lr=1e-2")
     critic = CriticWorker(job.model, job.trainer, job.algorithm, device="cpu", seed=0)

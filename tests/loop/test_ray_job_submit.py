@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from fp8rl_testing import shared_path
 
 from fp8rl.services.api.ray_launcher import start_local_ray
-from tests.conftest import shared_path
 
 pytestmark = pytest.mark.slow
 
@@ -50,5 +50,8 @@ def test_gsm8k_job_succeeds_through_ray_job_submit(ray_head, repo: Path, tmp_pat
     done = subprocess.run(command, capture_output=True, text=True, timeout=1500, cwd=repo)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "succeeded" in (done.stdout + done.stderr).lower()
-    rows = [json.loads(line) for line in (out / "gsm8k-smollm2" / "metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line)
+        for line in (out / "gsm8k-smollm2" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert len(rows) == 1 and rows[0]["mismatch/abs_dlogp_max"] == 0.0

@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from tiny import tiny_job
 
 from fp8rl.workers.rollout.worker import RolloutWorker
 from fp8rl.workers.trainer.worker import TrainerWorker
@@ -19,7 +20,6 @@ PROBE = [1, 28, 30, 40, 50, 60]
 
 @pytest.fixture(scope="module")
 def pair():
-    from tests.loop.conftest import tiny_job
 
     job = tiny_job("precision.mode=unified_fp8", "precision.exact=true")
     trainer = TrainerWorker(
@@ -197,27 +197,50 @@ def _receiver(init, queue):
 
 
 def test_fp8_kv_cache_scales_travel_with_the_weights_and_parity_holds():
-    from tests.loop.conftest import tiny_job
 
     from fp8rl.protocol import Prompt, RolloutRequest, SamplingParams
     from fp8rl.workers.model.scoring import pack
     from fp8rl.workers.trainer.batch import TrainBatch
 
     job = tiny_job("precision.exact=true", "precision.quant.kv_cache_dtype=fp8_e4m3")
-    trainer = TrainerWorker(job.model, job.trainer, job.algorithm, job.precision, total_steps=2,
-                            batch_size=4, device="cpu", seed=0)
+    trainer = TrainerWorker(
+        job.model,
+        job.trainer,
+        job.algorithm,
+        job.precision,
+        total_steps=2,
+        batch_size=4,
+        device="cpu",
+        seed=0,
+    )
     engine = RolloutWorker(job.model, job.rollout, job.precision, device="cpu", seed=0)
     with pytest.raises(ValueError, match="not calibrated"):
         engine.logits(PROBE)
     trainer.calibrate_kv(pack([PROBE, PROBE[:3]], [[], []]))
     engine.apply_weights(*trainer.publish())
     attn = engine.model.model.layers[0].self_attn
-    assert float(attn.k_scale) > 0 and float(attn.k_scale) == float(trainer.model.model.layers[0].self_attn.k_scale)
+    assert float(attn.k_scale) > 0 and float(attn.k_scale) == float(
+        trainer.model.model.layers[0].self_attn.k_scale
+    )
     assert engine.model.model.layers[0].self_attn.kv_fp8
-    result = engine.generate(RolloutRequest(request_id="r", prompts=[Prompt(prompt_id="p", token_ids=PROBE)],
-                                            sampling=SamplingParams(n=2, max_tokens=6, seed=1)))
-    batch = pack([s.prompt_token_ids for s in result.samples], [s.token_ids for s in result.samples])
+    result = engine.generate(
+        RolloutRequest(
+            request_id="r",
+            prompts=[Prompt(prompt_id="p", token_ids=PROBE)],
+            sampling=SamplingParams(n=2, max_tokens=6, seed=1),
+        )
+    )
+    batch = pack(
+        [s.prompt_token_ids for s in result.samples], [s.token_ids for s in result.samples]
+    )
     rollout = torch.tensor([s.logprobs for s in result.samples])
-    train_batch = TrainBatch(packed=batch, rollout_logp=rollout, old_logp=rollout, advantages=torch.zeros_like(rollout),
-                             ref_logp=None, policy_version=0, temperature=1.0)
+    train_batch = TrainBatch(
+        packed=batch,
+        rollout_logp=rollout,
+        old_logp=rollout,
+        advantages=torch.zeros_like(rollout),
+        ref_logp=None,
+        policy_version=0,
+        temperature=1.0,
+    )
     assert torch.equal(trainer.logprobs(train_batch), rollout)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import shared_path
+from fp8rl_testing import shared_path
 
 from fp8rl.protocol.reward_messages import RewardInput
 from fp8rl.protocol.reward_spec import RewardSpec

@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from fp8rl.workers.model.config import PRESETS, DecoderConfig, config_from_hf
+from fp8rl.workers.model.fp8_checkpoint import dequantize_if_block_fp8
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +104,10 @@ def load_hf_dir(directory: Path, *, load_weights: bool = True) -> ModelSource:
     cfg_path = directory / "config.json"
     if not cfg_path.exists():
         raise FileNotFoundError(f"{cfg_path} not found: not a Hugging Face model directory")
-    config = config_from_hf(json.loads(cfg_path.read_text()))
+    hf_config = json.loads(cfg_path.read_text())
+    config = config_from_hf(hf_config)
     state = _read_safetensors(directory) if load_weights else None
+    state = dequantize_if_block_fp8(hf_config, state)  # HF block-FP8 checkpoints → float32
     tok = directory if any(directory.glob("tokenizer*")) else None
     return ModelSource(config, state, tok, str(directory))
 

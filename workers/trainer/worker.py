@@ -266,6 +266,16 @@ class TrainerWorker:
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
         self._invalidate_fp8()
 
+    def free_address(self) -> tuple[str, int]:
+        """This node's IP and a free TCP port (rendezvous of the NCCL weight-broadcast group)."""
+        import socket
+
+        import ray
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            return ray.util.get_node_ip_address(), sock.getsockname()[1]
+
     def init_transport(self, name: str, **kwargs: Any) -> None:
         """Use transport ``name`` for weight updates (``nccl`` joins its process group as rank 0)."""
         self.transports[name] = make_transport(name, **kwargs)
@@ -278,14 +288,17 @@ class TrainerWorker:
         receiver = self.receivers[role]
         fingerprint = self.precision.quant.fingerprint() if receiver.fp8 else None
         transport = self.transports[self.transport if role == "rollout" else "object_store"]
-        update, payload = build_update(
-            self.model,
-            receiver=receiver,
-            version=self.version,
-            fingerprint=fingerprint,
-            transport=transport.name,
-        )
+        update, payload = build_update(self.model, receiver=receiver, version=self.version,
+                                       fingerprint=fingerprint, transport=transport.name)
+        if transport.name == "nccl":  # receivers need the manifest first; ``broadcast`` sends
+            self._pending = payload
+            return update, None
         return update, transport.send(payload)
+
+    def broadcast(self) -> None:
+        """Send the last published payload over the NCCL group (engines receive concurrently)."""
+        payload, self._pending = self._pending, None
+        self.transports["nccl"].send(payload)
 
 
 _SUMMED = {"actor/pg_loss", "actor/kl", "actor/entropy"}

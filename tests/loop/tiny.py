@@ -1,8 +1,6 @@
-"""Small trainer + engine pairs on the tiny random Llama (seconds on CPU)."""
+"""Job specs for small trainer + engine pairs on the tiny random Llama (seconds on CPU)."""
 
 from __future__ import annotations
-
-import pytest
 
 from fp8rl.protocol import parse_job_spec
 
@@ -21,8 +19,3 @@ def tiny_job(*overrides: str):
         "trainer.lr=1e-3",
     ]
     return parse_job_spec("", [*base, *overrides])
-
-
-@pytest.fixture
-def job_factory():
-    return tiny_job

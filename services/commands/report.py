@@ -1,0 +1,32 @@
+"""``fp8rl report RUN_DIR [--out DIR]``: PNG plots and a Markdown/HTML summary of a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fp8rl.services.commands.common import fail
+
+
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory (output_dir/name).")],
+    out: Annotated[
+        Path | None, typer.Option(help="Where to write the report (default RUN_DIR/report).")
+    ] = None,
+) -> None:
+    """Plot reward, validation accuracy, response length, mismatch (over steps and positions),
+    time per phase and tokens/s; write report.md and a self-contained report.html."""
+    from fp8rl.services.report import write_report
+
+    try:
+        path = write_report(run_dir, out=out)
+    except FileNotFoundError as error:
+        raise fail(f"report failed: {error}") from None
+    typer.echo(f"{path / 'report.html'}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the command to the CLI."""
+    app.command()(report)

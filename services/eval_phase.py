@@ -1,0 +1,83 @@
+"""Held-out evaluation inside a run: the rollout engines generate, a reward actor per set scores.
+
+``services.evaluation.evaluate`` does the counting (pass@1, mean@n); this module binds it to the
+run's engines, tokenizer and reward actors (one per distinct reward set, created on first use).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from fp8rl.protocol import JobSpec, SamplingParams
+from fp8rl.services.data import build_dataset, dataset_name, render_prompt
+from fp8rl.services.evaluation import evaluate
+from fp8rl.services.rollout_phase import generate
+
+
+class _ActorReward:
+    """``score(items)`` on a RewardWorker actor, synchronously (what ``evaluate`` expects)."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    def score(self, items: list) -> list:
+        return ray.get(self.actor.score.remote(items))
+
+
+class Evaluator:
+    """Evaluates the current policy on ``job.eval.datasets`` with the rollout engines."""
+
+    def __init__(self, job: JobSpec, engines: list[Any], train_reward: Any, tokenizer: Any) -> None:
+        self.job, self.engines, self.tokenizer = job, engines, tokenizer
+        self.sets = []
+        for spec in job.eval.datasets:
+            records = build_dataset(spec)[: job.eval.limit]
+            self.sets.append((dataset_name(spec), records))
+        self.train_reward = train_reward
+        self.rewards: dict[str, Any] = {}
+
+    def due(self, step: int) -> bool:
+        """Whether to evaluate after ``step`` (every N steps and after the last one)."""
+        n = self.job.eval.every_n_steps
+        return bool(self.sets) and n > 0 and ((step + 1) % n == 0 or step + 1 == self.job.steps)
+
+    def _reward(self, name: str) -> _ActorReward:
+        terms = self.job.eval.rewards.get(name)
+        if terms is None:
+            return _ActorReward(self.train_reward)
+        if name not in self.rewards:
+            from fp8rl.workers.reward.worker import RewardWorker
+
+            spec = self.job.reward.model_copy(update={"functions": terms, "remote": None})
+            self.rewards[name] = ray.remote(RewardWorker).options(num_cpus=0).remote(spec)
+        return _ActorReward(self.rewards[name])
+
+    def run(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        """``val/<name>/*`` metrics of every evaluation set, and sample rows for a table."""
+        ev = self.job.eval
+        sampling = SamplingParams(n=ev.n, temperature=ev.temperature, max_tokens=ev.max_tokens,
+                                  seed=self.job.seed + 7919 * (step + 1))
+        metrics: dict[str, float] = {}
+        rows: list[dict[str, Any]] = []
+        data = self.job.data
+        for name, records in self.sets:
+            def render(record, data=data):
+                return render_prompt(record, tokenizer=self.tokenizer, template=data.prompt_template,
+                                     system_prompt=data.system_prompt, chat_template=self.job.model.chat_template)
+
+            def gen(prompts, params, name=name, records=records):
+                samples = generate(self.engines, [(f"p{i}", ids) for i, ids in enumerate(prompts)], params,
+                                   request_id=f"eval{step}/{name}")
+                if not any(r["dataset"] == name for r in rows):
+                    rows.extend({"dataset": name, "prompt": rec.question, "answer": rec.answer,
+                                 "response": self.tokenizer.decode(s.token_ids, skip_special_tokens=True)}
+                                for rec, s in zip(records, samples[:: params.n], strict=False))
+                return samples
+
+            metrics.update(evaluate(gen, records, name=name, reward=self._reward(name), render=render,
+                                    decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+                                    sampling=sampling, n=ev.n))
+        return metrics, rows
+
