@@ -34,18 +34,35 @@ def parity(preset: str, prompts: int, n: int, max_tokens: int) -> list[dict]:
     source = ModelSource(cfg, None, None, f"random:{preset}")
     spec = ModelSpec(path=f"random:{preset}", max_model_len=512)
     gen = torch.Generator().manual_seed(0)
-    ids = [torch.randint(3, cfg.vocab_size, (int(torch.randint(8, 48, (1,), generator=gen)),),
-                         generator=gen).tolist() for _ in range(prompts)]
+    ids = [
+        torch.randint(
+            3, cfg.vocab_size, (int(torch.randint(8, 48, (1,), generator=gen)),), generator=gen
+        ).tolist()
+        for _ in range(prompts)
+    ]
     rows = []
     for exact in (True, False):
         for mode in MODES:
             t0 = time.perf_counter()
-            report = measure_mode(source, spec, PrecisionSpec(mode=mode, exact=exact), ids,
-                                  SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens, seed=0),
-                                  device=torch.device("cuda"), batch_size=prompts * n)
-            rows.append({"preset": preset, "mode": mode, "exact": exact, "tokens": report.num_tokens,
-                         **{k.split("/")[1]: v for k, v in report.metrics.items()},
-                         "seconds": time.perf_counter() - t0})
+            report = measure_mode(
+                source,
+                spec,
+                PrecisionSpec(mode=mode, exact=exact),
+                ids,
+                SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens, seed=0),
+                device=torch.device("cuda"),
+                batch_size=prompts * n,
+            )
+            rows.append(
+                {
+                    "preset": preset,
+                    "mode": mode,
+                    "exact": exact,
+                    "tokens": report.num_tokens,
+                    **{k.split("/")[1]: v for k, v in report.metrics.items()},
+                    "seconds": time.perf_counter() - t0,
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -58,10 +75,18 @@ def _receive(handles, queue):
 
 def cuda_ipc() -> dict:
     cfg = PRESETS["tiny-llama"]
-    trainer = build_decoder(cfg, LayerPrecision(fp8=True, quant=QuantConfig(), trainable=True),
-                            state_dict=None, max_positions=64, param_dtype=torch.float32, device="cuda")
+    trainer = build_decoder(
+        cfg,
+        LayerPrecision(fp8=True, quant=QuantConfig(), trainable=True),
+        state_dict=None,
+        max_positions=64,
+        param_dtype=torch.float32,
+        device="cuda",
+    )
     receiver = LayerPrecision(fp8=True, quant=QuantConfig(), trainable=False)
-    update, payload = build_update(trainer, receiver=receiver, version=1, fingerprint="x", transport="cuda_ipc")
+    update, payload = build_update(
+        trainer, receiver=receiver, version=1, fingerprint="x", transport="cuda_ipc"
+    )
     transport = CudaIpcTransport()
     handles = transport.send(payload)
     ctx = mp.get_context("spawn")
@@ -91,12 +116,16 @@ def main() -> None:
         except Exception as exc:
             results.setdefault("errors", []).append(f"{preset}: {type(exc).__name__}: {exc}")
             print(results["errors"][-1], flush=True)
-    lines = ["| model | mode | exact | tokens | token_mult_prob_error | kl_k3 | max abs dlogp | mean abs dlogp |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | mode | exact | tokens | token_mult_prob_error | kl_k3 | max abs dlogp | mean abs dlogp |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in results["parity"]:
-        lines.append(f"| {r['preset']} | {r['mode']} | {r['exact']} | {r['tokens']} | "
-                     f"{r['token_mult_prob_error']:.8f} | {r['kl_k3']:.2e} | {r['abs_dlogp_max']:.3e} | "
-                     f"{r['abs_dlogp_mean']:.3e} |")
+        lines.append(
+            f"| {r['preset']} | {r['mode']} | {r['exact']} | {r['tokens']} | "
+            f"{r['token_mult_prob_error']:.8f} | {r['kl_k3']:.2e} | {r['abs_dlogp_max']:.3e} | "
+            f"{r['abs_dlogp_mean']:.3e} |"
+        )
     table = "\n".join(lines)
     print(table)
     if args.out:

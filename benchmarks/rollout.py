@@ -46,10 +46,21 @@ def kv_bytes_per_token(cfg: DecoderConfig, kv_fp8: bool) -> float:
 
 
 def build(cfg: DecoderConfig, mode: str, max_positions: int, device: str):
-    precision = LayerPrecision(dtype=torch.bfloat16, fp8=mode != "bf16",
-                               quant=QuantConfig() if mode != "bf16" else None, exact=False, trainable=False)
-    return build_decoder(cfg, precision, state_dict=None, max_positions=max_positions,
-                         param_dtype=torch.bfloat16, device=device)
+    precision = LayerPrecision(
+        dtype=torch.bfloat16,
+        fp8=mode != "bf16",
+        quant=QuantConfig() if mode != "bf16" else None,
+        exact=False,
+        trainable=False,
+    )
+    return build_decoder(
+        cfg,
+        precision,
+        state_dict=None,
+        max_positions=max_positions,
+        param_dtype=torch.bfloat16,
+        device=device,
+    )
 
 
 def sync(device: str) -> None:
@@ -72,8 +83,9 @@ def prefill_tokens_per_s(model, cfg, batch: int, prompt: int, device: str) -> fl
     return batch * prompt / (time.perf_counter() - t0)
 
 
-def decode_tokens_per_s(model, cfg, batch: int, prompt: int, gen: int, device: str, graphs: bool,
-                        prefill_rate: float) -> float:
+def decode_tokens_per_s(
+    model, cfg, batch: int, prompt: int, gen: int, device: str, graphs: bool, prefill_rate: float
+) -> float:
     engine = NativeEngine(model, eos_token_ids=[], max_batch_size=batch, cuda_graphs=graphs)
     prompts = torch.randint(0, cfg.vocab_size, (batch, prompt)).tolist()
     engine.generate(prompts[:2], SamplingParams(n=1, max_tokens=8, seed=0))  # compile/warm-up
@@ -94,7 +106,9 @@ def main() -> None:
     parser.add_argument("--gen", type=int, default=1024)
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--modes", nargs="+", default=["bf16", "unified_fp8"])
-    parser.add_argument("--graphs", nargs="+", default=["on", "off"], help="CUDA graphs on and/or off")
+    parser.add_argument(
+        "--graphs", nargs="+", default=["on", "off"], help="CUDA graphs on and/or off"
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -111,29 +125,61 @@ def main() -> None:
                 if graphs == "on" and not args.device.startswith("cuda"):
                     continue
                 try:
-                    rate = decode_tokens_per_s(model, cfg, batch, args.prompt, args.gen, args.device,
-                                               graphs == "on", prefill)
+                    rate = decode_tokens_per_s(
+                        model,
+                        cfg,
+                        batch,
+                        args.prompt,
+                        args.gen,
+                        args.device,
+                        graphs == "on",
+                        prefill,
+                    )
                     error = ""
                 except Exception as exc:  # keep the other rows of the table
                     rate, error = float("nan"), f"{type(exc).__name__}: {exc}"[:200]
-                rows.append({"mode": mode, "batch": batch, "cuda_graphs": graphs, "prefill_tok_s": prefill,
-                             "decode_tok_s": rate, "roofline_tok_s": roofline,
-                             "roofline_pct": 100 * rate / roofline, "error": error})
+                rows.append(
+                    {
+                        "mode": mode,
+                        "batch": batch,
+                        "cuda_graphs": graphs,
+                        "prefill_tok_s": prefill,
+                        "decode_tok_s": rate,
+                        "roofline_tok_s": roofline,
+                        "roofline_pct": 100 * rate / roofline,
+                        "error": error,
+                    }
+                )
                 print(json.dumps(rows[-1]), flush=True)
         del model
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
     for row in rows:
-        base = next((r for r in rows if r["mode"] == "bf16" and r["batch"] == row["batch"]
-                     and r["cuda_graphs"] == row["cuda_graphs"]), None)
-        row["speedup_vs_bf16"] = row["decode_tok_s"] / base["decode_tok_s"] if base else float("nan")
-    header = (f"# Rollout throughput — {args.preset} (random weights), prompt {args.prompt}, gen {args.gen}\n\n"
-              f"{time.strftime('%Y-%m-%d')} · {torch.cuda.get_device_name() if args.device.startswith('cuda') else platform.processor()}"
-              f" · torch {torch.__version__}\n\n"
-              "| mode | batch | CUDA graphs | prefill tok/s | decode tok/s | vs BF16 | roofline tok/s | % roofline |\n"
-              "|---|---|---|---|---|---|---|---|\n")
-    lines = [f"| {r['mode']} | {r['batch']} | {r['cuda_graphs']} | {r['prefill_tok_s']:,.0f} | {r['decode_tok_s']:,.0f} | "
-             f"{r['speedup_vs_bf16']:.2f}× | {r['roofline_tok_s']:,.0f} | {r['roofline_pct']:.0f}% |" for r in rows]
+        base = next(
+            (
+                r
+                for r in rows
+                if r["mode"] == "bf16"
+                and r["batch"] == row["batch"]
+                and r["cuda_graphs"] == row["cuda_graphs"]
+            ),
+            None,
+        )
+        row["speedup_vs_bf16"] = (
+            row["decode_tok_s"] / base["decode_tok_s"] if base else float("nan")
+        )
+    header = (
+        f"# Rollout throughput — {args.preset} (random weights), prompt {args.prompt}, gen {args.gen}\n\n"
+        f"{time.strftime('%Y-%m-%d')} · {torch.cuda.get_device_name() if args.device.startswith('cuda') else platform.processor()}"
+        f" · torch {torch.__version__}\n\n"
+        "| mode | batch | CUDA graphs | prefill tok/s | decode tok/s | vs BF16 | roofline tok/s | % roofline |\n"
+        "|---|---|---|---|---|---|---|---|\n"
+    )
+    lines = [
+        f"| {r['mode']} | {r['batch']} | {r['cuda_graphs']} | {r['prefill_tok_s']:,.0f} | {r['decode_tok_s']:,.0f} | "
+        f"{r['speedup_vs_bf16']:.2f}× | {r['roofline_tok_s']:,.0f} | {r['roofline_pct']:.0f}% |"
+        for r in rows
+    ]
     table = header + "\n".join(lines) + "\n"
     print(table)
     if args.out:

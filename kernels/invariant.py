@@ -108,7 +108,11 @@ def attention(
         # GQA without copying K/V: fold each KV head's query group into the query axis.
         b, h, lq, d = q.shape
         folded = q.reshape(b, k.shape[1], groups * lq, d)
-        fmask = mask.unsqueeze(2).expand(b, 1, groups, lq, mask.shape[-1]).reshape(b, 1, groups * lq, -1)
+        fmask = (
+            mask.unsqueeze(2)
+            .expand(b, 1, groups, lq, mask.shape[-1])
+            .reshape(b, 1, groups * lq, -1)
+        )
         out = F.scaled_dot_product_attention(folded, k, v, attn_mask=fmask, scale=scale)
         return out.reshape(b, h, lq, d)
     if groups > 1:

@@ -47,18 +47,29 @@ def run(job: JobSpec, *, reporter: Any = None) -> dict[str, float]:
     checkpoints = Checkpointer(run_dir, job)
     resume = checkpoints.resolve()  # refuses a checkpoint of another quant contract up front
     start = checkpoint_step(resume)  # steps already done (0: a fresh start)
-    tracker = Tracker(run_dir, job.logging, config=job.model_dump(mode="json"),
-                      total_steps=job.steps, start_step=start)
+    tracker = Tracker(
+        run_dir,
+        job.logging,
+        config=job.model_dump(mode="json"),
+        total_steps=job.steps,
+        start_step=start,
+    )
     tracker.status("starting Ray workers and loading the model")
     init_ray(job.resources.ray_address)
     workers = launch_workers(job)
     tokenizer = load_tokenizer(resolve_model(job.model.path, load_weights=False).tokenizer_dir)
-    sampler = PromptSampler(build_dataset(job.data.train), batch_size=job.data.prompts_per_step,
-                            shuffle=job.data.shuffle, seed=job.seed)
+    sampler = PromptSampler(
+        build_dataset(job.data.train),
+        batch_size=job.data.prompts_per_step,
+        shuffle=job.data.shuffle,
+        seed=job.seed,
+    )
     feed = PromptFeed(sampler, tokenizer, job)
     evaluator = Evaluator(job, workers.rollout, workers.reward, tokenizer)
     calibrate_kv_cache(workers, job, feed)
-    sync_weights(workers, include_reference=True)  # version 0: engines hold the trainer's exact codes
+    sync_weights(
+        workers, include_reference=True
+    )  # version 0: engines hold the trainer's exact codes
     if resume:  # trainer state, data cursor, RNG; the reference keeps the initial policy
         checkpoints.restore(resume, workers.trainer, sampler)
         sync_weights(workers)
@@ -83,12 +94,21 @@ def run(job: JobSpec, *, reporter: Any = None) -> dict[str, float]:
             train_metrics = train(workers, batch, returns=returns, values=values)
         with timer("sync"):
             version = sync_weights(workers)
-        metrics = {**rollout_metrics(rollouts, max_tokens=job.rollout.max_tokens), **mismatch,
-                   **train_metrics, **timer.metrics(), "policy_version": float(version),
-                   "perf/tokens_per_s": throughput(mask.sum(), timer.total)}
+        metrics = {
+            **rollout_metrics(rollouts, max_tokens=job.rollout.max_tokens),
+            **mismatch,
+            **train_metrics,
+            **timer.metrics(),
+            "policy_version": float(version),
+            "perf/tokens_per_s": throughput(mask.sum(), timer.total),
+        }
         tracker.log(step, metrics)
         tracker.log_generations(step, generation_rows(rollouts, job.logging.log_generations))
-        tracker.log_curve(step, "mismatch_by_position", mismatch_by_position(batch.old_logp, batch.rollout_logp, mask))
+        tracker.log_curve(
+            step,
+            "mismatch_by_position",
+            mismatch_by_position(batch.old_logp, batch.rollout_logp, mask),
+        )
         if evaluator.due(step):
             tracker.status(f"step {step}: evaluating")
             val_metrics, rows = evaluator.run(step)

@@ -57,27 +57,57 @@ class Evaluator:
     def run(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """``val/<name>/*`` metrics of every evaluation set, and sample rows for a table."""
         ev = self.job.eval
-        sampling = SamplingParams(n=ev.n, temperature=ev.temperature, max_tokens=ev.max_tokens,
-                                  seed=self.job.seed + 7919 * (step + 1))
+        sampling = SamplingParams(
+            n=ev.n,
+            temperature=ev.temperature,
+            max_tokens=ev.max_tokens,
+            seed=self.job.seed + 7919 * (step + 1),
+        )
         metrics: dict[str, float] = {}
         rows: list[dict[str, Any]] = []
         data = self.job.data
         for name, records in self.sets:
+
             def render(record, data=data):
-                return render_prompt(record, tokenizer=self.tokenizer, template=data.prompt_template,
-                                     system_prompt=data.system_prompt, chat_template=self.job.model.chat_template)
+                return render_prompt(
+                    record,
+                    tokenizer=self.tokenizer,
+                    template=data.prompt_template,
+                    system_prompt=data.system_prompt,
+                    chat_template=self.job.model.chat_template,
+                )
 
             def gen(prompts, params, name=name, records=records):
-                samples = generate(self.engines, [(f"p{i}", ids) for i, ids in enumerate(prompts)], params,
-                                   request_id=f"eval{step}/{name}")
+                samples = generate(
+                    self.engines,
+                    [(f"p{i}", ids) for i, ids in enumerate(prompts)],
+                    params,
+                    request_id=f"eval{step}/{name}",
+                )
                 if not any(r["dataset"] == name for r in rows):
-                    rows.extend({"dataset": name, "prompt": rec.question, "answer": rec.answer,
-                                 "response": self.tokenizer.decode(s.token_ids, skip_special_tokens=True)}
-                                for rec, s in zip(records, samples[:: params.n], strict=False))
+                    rows.extend(
+                        {
+                            "dataset": name,
+                            "prompt": rec.question,
+                            "answer": rec.answer,
+                            "response": self.tokenizer.decode(
+                                s.token_ids, skip_special_tokens=True
+                            ),
+                        }
+                        for rec, s in zip(records, samples[:: params.n], strict=False)
+                    )
                 return samples
 
-            metrics.update(evaluate(gen, records, name=name, reward=self._reward(name), render=render,
-                                    decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
-                                    sampling=sampling, n=ev.n))
+            metrics.update(
+                evaluate(
+                    gen,
+                    records,
+                    name=name,
+                    reward=self._reward(name),
+                    render=render,
+                    decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+                    sampling=sampling,
+                    n=ev.n,
+                )
+            )
         return metrics, rows
-

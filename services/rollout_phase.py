@@ -99,8 +99,13 @@ class PromptFeed:
         return out[:count]
 
 
-def generate(engines: list[Any], prompts: list[tuple[str, list[int]]], sampling: SamplingParams, *,
-             request_id: str) -> list[RolloutSample]:
+def generate(
+    engines: list[Any],
+    prompts: list[tuple[str, list[int]]],
+    sampling: SamplingParams,
+    *,
+    request_id: str,
+) -> list[RolloutSample]:
     """Split ``(prompt_id, token ids)`` prompts across engines round-robin; return the samples
     grouped per prompt in input order.
 
@@ -108,9 +113,15 @@ def generate(engines: list[Any], prompts: list[tuple[str, list[int]]], sampling:
     """
     tagged = [Prompt(prompt_id=f"{pid}@{i}", token_ids=ids) for i, (pid, ids) in enumerate(prompts)]
     calls = [
-        engine.generate.remote(RolloutRequest(request_id=f"{request_id}/{rank}", sampling=sampling,
-                                              prompts=tagged[rank :: len(engines)]))
-        for rank, engine in enumerate(engines) if tagged[rank :: len(engines)]
+        engine.generate.remote(
+            RolloutRequest(
+                request_id=f"{request_id}/{rank}",
+                sampling=sampling,
+                prompts=tagged[rank :: len(engines)],
+            )
+        )
+        for rank, engine in enumerate(engines)
+        if tagged[rank :: len(engines)]
     ]
     by_prompt: dict[str, list[RolloutSample]] = {}
     for result in ray.get(calls):
@@ -166,8 +177,12 @@ def collect(
         prompts = feed.take(want - len(kept.records))
         records = [r for r, _ in prompts]
         sampling = sampling.model_copy(update={"seed": sampling.seed + rounds - 1})
-        samples = generate(engines, [(r.prompt_id, ids) for r, ids in prompts], sampling,
-                           request_id=f"step{step}.{rounds}")
+        samples = generate(
+            engines,
+            [(r.prompt_id, ids) for r, ids in prompts],
+            sampling,
+            request_id=f"step{step}.{rounds}",
+        )
         outputs, texts = score(
             reward, tokenizer, records, samples, n=n, max_tokens=job.rollout.max_tokens
         )

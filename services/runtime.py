@@ -127,7 +127,9 @@ def check_supported(job: JobSpec) -> None:
         ValueError: naming the field and what to use instead.
     """
     if job.trainer.backend == "megatron":
-        raise ValueError("trainer.backend=megatron is not implemented yet; use trainer.backend=native")
+        raise ValueError(
+            "trainer.backend=megatron is not implemented yet; use trainer.backend=native"
+        )
     if job.rollout.backend == "sglang":
         raise ValueError("rollout.backend=sglang is not implemented yet; use native or vllm")
     if job.trainer.num_workers > 1:
@@ -151,35 +153,76 @@ def launch_workers(job: JobSpec) -> Workers:
     check_supported(job)
     device, seed = job.resources.device, job.seed
     gpu_roles = [job.trainer.gpus_per_worker, job.rollout.gpus_per_worker]
-    sharing = max(1, sum(1 for g in gpu_roles if g)) if job.resources.placement == "colocated" else 1
+    sharing = (
+        max(1, sum(1 for g in gpu_roles if g)) if job.resources.placement == "colocated" else 1
+    )
 
     def opts(gpus: int | float) -> dict[str, Any]:
-        return {"num_cpus": job.resources.cpus_per_worker if gpus else 0, "num_gpus": gpus / sharing}
+        return {
+            "num_cpus": job.resources.cpus_per_worker if gpus else 0,
+            "num_gpus": gpus / sharing,
+        }
 
-    trainer = ray.remote(TrainerWorker).options(**opts(job.trainer.gpus_per_worker)).remote(
-        job.model, job.trainer, job.algorithm, job.precision, total_steps=job.steps,
-        batch_size=job.batch_size, device=device, seed=seed)
-    engine_gpus = job.rollout.gpus_per_worker * getattr(job.rollout, "tensor_parallel_size", 1)
+    trainer = (
+        ray.remote(TrainerWorker)
+        .options(**opts(job.trainer.gpus_per_worker))
+        .remote(
+            job.model,
+            job.trainer,
+            job.algorithm,
+            job.precision,
+            total_steps=job.steps,
+            batch_size=job.batch_size,
+            device=device,
+            seed=seed,
+        )
+    )
+    engine_gpus = job.rollout.gpus_per_worker  # a vLLM engine with TP k holds k GPUs
     rollout = [
-        _rollout_actor(job).options(**opts(engine_gpus)).remote(
-            job.model, job.rollout, job.precision, device=device, rank=rank, seed=seed)
+        _rollout_actor(job)
+        .options(**opts(engine_gpus))
+        .remote(job.model, job.rollout, job.precision, device=device, rank=rank, seed=seed)
         for rank in range(job.rollout.num_workers)
     ]
     reference = None
     if job.reference_enabled:
-        reference = ray.remote(ReferenceWorker).options(**opts(job.reference.gpus_per_worker)).remote(
-            job.model, job.precision, device=device, micro_batch_size=job.trainer.micro_batch_size, seed=seed)
+        reference = (
+            ray.remote(ReferenceWorker)
+            .options(**opts(job.reference.gpus_per_worker))
+            .remote(
+                job.model,
+                job.precision,
+                device=device,
+                micro_batch_size=job.trainer.micro_batch_size,
+                seed=seed,
+            )
+        )
     critic = None
     if job.algorithm.advantage_estimator == "gae":
-        critic = ray.remote(CriticWorker).options(**opts(job.trainer.gpus_per_worker)).remote(
-            job.model, job.trainer, job.algorithm, device=device, seed=seed)
+        critic = (
+            ray.remote(CriticWorker)
+            .options(**opts(job.trainer.gpus_per_worker))
+            .remote(job.model, job.trainer, job.algorithm, device=device, seed=seed)
+        )
     reward = ray.remote(RewardWorker).options(num_cpus=0, max_concurrency=2).remote(job.reward)
-    workers = Workers(trainer=trainer, rollout=rollout, reward=reward, reference=reference, critic=critic)
-    reports = ray.get([a.handshake.remote() for a in [trainer, *rollout, *([reference] if reference else [])]])
+    workers = Workers(
+        trainer=trainer, rollout=rollout, reward=reward, reference=reference, critic=critic
+    )
+    reports = ray.get(
+        [a.handshake.remote() for a in [trainer, *rollout, *([reference] if reference else [])]]
+    )
     workers.notes = check_handshakes(reports, job.precision)
     for r in reports:
-        log.info("%s[%d]: fp8=%s fingerprint=%s kernels=%s exact=%s device=%s", r.role, r.rank, r.fp8,
-                 r.quant_fingerprint, r.kernel_backend, r.exact, r.device)
+        log.info(
+            "%s[%d]: fp8=%s fingerprint=%s kernels=%s exact=%s device=%s",
+            r.role,
+            r.rank,
+            r.fp8,
+            r.quant_fingerprint,
+            r.kernel_backend,
+            r.exact,
+            r.device,
+        )
     workers.transport = setup_transport(workers, job, reports)
     return workers
 
@@ -193,8 +236,11 @@ def setup_transport(workers: Workers, job: JobSpec, reports: list[Handshake]) ->
     name = job.resources.weight_transport
     on_gpu = any(r.device.startswith("cuda") for r in reports if r.role in ("trainer", "rollout"))
     if name == "auto":
-        name = "object_store" if not on_gpu else (
-            "cuda_ipc" if job.resources.placement == "colocated" else "nccl")
+        name = (
+            "object_store"
+            if not on_gpu
+            else ("cuda_ipc" if job.resources.placement == "colocated" else "nccl")
+        )
     if name == "object_store":
         return name
     if name == "cuda_ipc":
@@ -202,10 +248,20 @@ def setup_transport(workers: Workers, job: JobSpec, reports: list[Handshake]) ->
         return name
     host, port = ray.get(workers.trainer.free_address.remote())
     world = 1 + len(workers.rollout)
-    common = {"init_method": f"tcp://{host}:{port}", "world_size": world,
-              "backend": "nccl" if on_gpu else "gloo"}
-    ray.get([workers.trainer.init_transport.remote("nccl", rank=0, **common),
-             *[w.init_transport.remote("nccl", rank=i + 1, **common) for i, w in enumerate(workers.rollout)]])
+    common = {
+        "init_method": f"tcp://{host}:{port}",
+        "world_size": world,
+        "backend": "nccl" if on_gpu else "gloo",
+    }
+    ray.get(
+        [
+            workers.trainer.init_transport.remote("nccl", rank=0, **common),
+            *[
+                w.init_transport.remote("nccl", rank=i + 1, **common)
+                for i, w in enumerate(workers.rollout)
+            ],
+        ]
+    )
     return name
 
 

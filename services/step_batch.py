@@ -22,9 +22,15 @@ def new_batch(rollouts: Rollouts, job: JobSpec, *, pad_id: int) -> TrainBatch:
     """The generated token ids (never re-tokenised) and the engine's logprobs of them."""
     packed = rollouts.packed(pad_id=pad_id)
     rollout_logp = rollouts.rollout_logprobs(packed.response_mask.shape[1])
-    return TrainBatch(packed=packed, rollout_logp=rollout_logp, old_logp=None, advantages=None,
-                      ref_logp=None, policy_version=rollouts.samples[0].policy_version,
-                      temperature=job.rollout.temperature)
+    return TrainBatch(
+        packed=packed,
+        rollout_logp=rollout_logp,
+        old_logp=None,
+        advantages=None,
+        ref_logp=None,
+        policy_version=rollouts.samples[0].policy_version,
+        temperature=job.rollout.temperature,
+    )
 
 
 def reference_logprobs(workers: Workers, batch: TrainBatch) -> Tensor | None:
@@ -41,18 +47,27 @@ def critic_values(workers: Workers, batch: TrainBatch) -> Tensor | None:
     return ray.get(workers.critic.values.remote(batch.packed))
 
 
-def advantages(job: JobSpec, rollouts: Rollouts, batch: TrainBatch,
-               values: Tensor | None) -> tuple[Tensor, Tensor]:
+def advantages(
+    job: JobSpec, rollouts: Rollouts, batch: TrainBatch, values: Tensor | None
+) -> tuple[Tensor, Tensor]:
     """Advantages and returns [B, R] for ``algorithm.advantage_estimator`` (KL as reward if asked)."""
     mask = batch.packed.response_mask
     token_rewards = None
     if job.algorithm.kl.coef > 0 and job.algorithm.kl.use == "reward":
         token_rewards = kl_reward_penalty(batch.old_logp, batch.ref_logp, mask, kl=job.algorithm.kl)
-    return compute_advantages(rollouts.rewards, mask, spec=job.algorithm, group_size=job.rollout.n,
-                              values=values, token_rewards=token_rewards)
+    return compute_advantages(
+        rollouts.rewards,
+        mask,
+        spec=job.algorithm,
+        group_size=job.rollout.n,
+        values=values,
+        token_rewards=token_rewards,
+    )
 
 
-def train(workers: Workers, batch: TrainBatch, *, returns: Tensor, values: Tensor | None) -> dict[str, float]:
+def train(
+    workers: Workers, batch: TrainBatch, *, returns: Tensor, values: Tensor | None
+) -> dict[str, float]:
     """Policy update (and the critic's, for GAE) on the batch; their metrics."""
     policy = workers.trainer.train.remote(batch)
     critic: Any = None

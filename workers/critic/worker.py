@@ -21,19 +21,38 @@ from fp8rl.workers.model.scoring import PackedBatch, response_hidden
 class CriticWorker:
     """Value model actor. Args: model/trainer/algorithm sub-specs; device; seed."""
 
-    def __init__(self, model: ModelSpec, trainer: TrainerSpec, algorithm: AlgorithmSpec, *,
-                 device: str = "auto", seed: int = 0) -> None:
+    def __init__(
+        self,
+        model: ModelSpec,
+        trainer: TrainerSpec,
+        algorithm: AlgorithmSpec,
+        *,
+        device: str = "auto",
+        seed: int = 0,
+    ) -> None:
         self.spec, self.algorithm = trainer, algorithm
         self.device = pick_device(device)
         dense = PrecisionSpec(mode="bf16", exact=False)
-        self.model, _ = load_model(model, dense, role="trainer", trainable=True,
-                                   param_dtype=torch.float32, device=self.device, seed=seed)
+        self.model, _ = load_model(
+            model,
+            dense,
+            role="trainer",
+            trainable=True,
+            param_dtype=torch.float32,
+            device=self.device,
+            seed=seed,
+        )
         self.head = nn.Linear(self.model.config.hidden_size, 1, device=self.device)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
         params = [*self.model.parameters(), *self.head.parameters()]
-        self.optimizer = torch.optim.AdamW(params, lr=algorithm.critic_lr, betas=trainer.betas,
-                                           eps=trainer.eps, weight_decay=trainer.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            params,
+            lr=algorithm.critic_lr,
+            betas=trainer.betas,
+            eps=trainer.eps,
+            weight_decay=trainer.weight_decay,
+        )
 
     def _values(self, batch: PackedBatch) -> Tensor:
         hidden = response_hidden(self.model, batch)
@@ -61,17 +80,26 @@ class CriticWorker:
             micro = batch.select(rows).to(self.device)
             r = micro.response_ids.shape[1]
             values = self._values(micro)
-            loss_tokens, clipped = value_loss(values, old_values[rows, :r].to(self.device),
-                                              returns[rows, :r].to(self.device),
-                                              value_clip=self.algorithm.value_clip)
+            loss_tokens, clipped = value_loss(
+                values,
+                old_values[rows, :r].to(self.device),
+                returns[rows, :r].to(self.device),
+                value_clip=self.algorithm.value_clip,
+            )
             mask = micro.response_mask.float()
-            loss = 0.5 * aggregate_loss(loss_tokens, mask, mode="token_mean", denominator=denominator)
+            loss = 0.5 * aggregate_loss(
+                loss_tokens, mask, mode="token_mean", denominator=denominator
+            )
             loss.backward()
             total += float(loss.detach())
             clipfrac += float((clipped.float() * mask).sum() / mask.sum().clamp(min=1))
             count += 1
         grad_norm = torch.nn.utils.clip_grad_norm_(
-            [*self.model.parameters(), *self.head.parameters()], self.spec.grad_clip)
+            [*self.model.parameters(), *self.head.parameters()], self.spec.grad_clip
+        )
         self.optimizer.step()
-        return {"critic/vf_loss": total, "critic/vf_clipfrac": clipfrac / count,
-                "critic/grad_norm": float(grad_norm)}
+        return {
+            "critic/vf_loss": total,
+            "critic/vf_clipfrac": clipfrac / count,
+            "critic/grad_norm": float(grad_norm),
+        }

@@ -189,10 +189,19 @@ PRESETS: dict[str, DecoderConfig] = {
         eos_token_id=[2],
     ),
     "small-llama": DecoderConfig(
-        vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
-        num_attention_heads=16, num_key_value_heads=4, head_dim=64, rms_norm_eps=1e-5,
-        rope_theta=500000.0, max_position_embeddings=4096, model_type="llama",
-        bos_token_id=1, eos_token_id=[2],
+        vocab_size=32000,
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=8,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=64,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        max_position_embeddings=4096,
+        model_type="llama",
+        bos_token_id=1,
+        eos_token_id=[2],
     ),
     # Full-size shapes (random weights) for speed benchmarks.
     "llama-3.1-8b": DecoderConfig(

@@ -145,12 +145,13 @@ class Attention(nn.Module):
         out = attention(q, k, v, mask, scale=self.head_dim**-0.5, exact=self.exact)
         return self.o_proj(out.transpose(1, 2).reshape(b, length, self.heads * self.head_dim))
 
-
     def _kv_codes(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """FP8 codes of k and v with the calibrated scales (observing amax when calibrating)."""
         if self.observe_kv:
             with torch.no_grad():
-                seen = torch.stack([k.detach().abs().amax().float(), v.detach().abs().amax().float()])
+                seen = torch.stack(
+                    [k.detach().abs().amax().float(), v.detach().abs().amax().float()]
+                )
                 self.kv_amax.copy_(torch.maximum(self.kv_amax, seen))
         if not capturing():
             check_kv_scale(self.k_scale, "k_scale")

@@ -27,14 +27,17 @@ class GraphDecoder:
         self.pool = torch.cuda.graph_pool_handle()
 
     def _step(self, limit: int) -> Tensor:
-        hidden = self.model(self.tokens[:, None], self.pos[:, None], self.pos + 1, self.cache,
-                            kv_limit=limit)
+        hidden = self.model(
+            self.tokens[:, None], self.pos[:, None], self.pos + 1, self.cache, kv_limit=limit
+        )
         return self.model.logits(hidden[:, 0])
 
     def _capture(self, limit: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: compiles kernels; rewrites this step's K/V identically
+        with torch.cuda.stream(
+            side
+        ):  # warm-up: compiles kernels; rewrites this step's K/V identically
             self._step(limit)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()

@@ -46,8 +46,14 @@ class NativeEngine:
         cuda_graphs: replay captured decode steps on CUDA (ignored on CPU).
     """
 
-    def __init__(self, model: Decoder, *, eos_token_ids: Sequence[int], max_batch_size: int = 256,
-                 cuda_graphs: bool = False) -> None:
+    def __init__(
+        self,
+        model: Decoder,
+        *,
+        eos_token_ids: Sequence[int],
+        max_batch_size: int = 256,
+        cuda_graphs: bool = False,
+    ) -> None:
         self.model = model
         self.eos = set(eos_token_ids)
         self.max_batch_size = max_batch_size
@@ -114,10 +120,16 @@ class NativeEngine:
         stop = self.eos | set(sp.stop_token_ids)
         logits = model.logits(last)
         for step in range(sp.max_tokens):
-            tokens = sample_tokens(logits, temperature=sp.temperature, top_k=sp.top_k,
-                                   top_p=sp.top_p, generator=generator)
-            logps = token_logprobs(logits, tokens, temperature=sp.temperature,
-                                   exact=model.precision.exact)
+            tokens = sample_tokens(
+                logits,
+                temperature=sp.temperature,
+                top_k=sp.top_k,
+                top_p=sp.top_p,
+                generator=generator,
+            )
+            logps = token_logprobs(
+                logits, tokens, temperature=sp.temperature, exact=model.precision.exact
+            )
             keep = self._record(gens, active, tokens, logps, stop, final=step == sp.max_tokens - 1)
             if not any(keep):
                 break
@@ -138,8 +150,15 @@ class NativeEngine:
         return [gens[i * sp.n : (i + 1) * sp.n] for i in range(len(prompts))]
 
     @staticmethod
-    def _record(gens: list[Generation], active: list[int], tokens: Tensor, logps: Tensor,
-                stop: set[int], *, final: bool) -> list[bool]:
+    def _record(
+        gens: list[Generation],
+        active: list[int],
+        tokens: Tensor,
+        logps: Tensor,
+        stop: set[int],
+        *,
+        final: bool,
+    ) -> list[bool]:
         """Append each live row's token; return which rows continue (finished rows: False)."""
         keep = []
         for g, tok, lp in zip(active, tokens.tolist(), logps.tolist(), strict=True):

@@ -60,8 +60,12 @@ class RolloutWorker:
             model, precision, role="rollout", trainable=False, device=self.device, seed=seed
         )
         eos = list(source.config.eos_token_id)
-        self.engine = NativeEngine(self.model, eos_token_ids=eos, max_batch_size=rollout.max_batch_size,
-                                   cuda_graphs=rollout.cuda_graphs)
+        self.engine = NativeEngine(
+            self.model,
+            eos_token_ids=eos,
+            max_batch_size=rollout.max_batch_size,
+            cuda_graphs=rollout.cuda_graphs,
+        )
         self.fingerprint = precision.quant.fingerprint() if self.layer_precision.fp8 else None
         self.applied_version: int | None = None
         self.transports = {"object_store": make_transport("object_store")}

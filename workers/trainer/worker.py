@@ -121,7 +121,9 @@ class TrainerWorker:
         out = []
         with self._observing_kv():
             for start in range(0, len(batch), self.spec.micro_batch_size):
-                micro = batch.select(slice(start, start + self.spec.micro_batch_size)).to(self.device)
+                micro = batch.select(slice(start, start + self.spec.micro_batch_size)).to(
+                    self.device
+                )
                 logp, _ = self._score(micro, with_entropy=False)
                 out.append(_pad_to(logp.cpu(), batch.packed.response_ids.shape[1]))
         return torch.cat(out)
@@ -137,7 +139,9 @@ class TrainerWorker:
             attn.v_scale.fill_(1.0)
         with self._observing_kv():
             for start in range(0, batch.input_ids.shape[0], self.spec.micro_batch_size):
-                micro = batch.select(slice(start, start + self.spec.micro_batch_size)).to(self.device)
+                micro = batch.select(slice(start, start + self.spec.micro_batch_size)).to(
+                    self.device
+                )
                 self.model(micro.input_ids, micro.positions, micro.lengths)
         for attn in attns:
             attn.recalibrate_kv()
@@ -288,8 +292,13 @@ class TrainerWorker:
         receiver = self.receivers[role]
         fingerprint = self.precision.quant.fingerprint() if receiver.fp8 else None
         transport = self.transports[self.transport if role == "rollout" else "object_store"]
-        update, payload = build_update(self.model, receiver=receiver, version=self.version,
-                                       fingerprint=fingerprint, transport=transport.name)
+        update, payload = build_update(
+            self.model,
+            receiver=receiver,
+            version=self.version,
+            fingerprint=fingerprint,
+            transport=transport.name,
+        )
         if transport.name == "nccl":  # receivers need the manifest first; ``broadcast`` sends
             self._pending = payload
             return update, None

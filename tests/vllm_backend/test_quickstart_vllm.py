@@ -8,8 +8,7 @@ import sys
 
 import pytest
 from fp8rl_testing import REPO
-
-from tests.vllm.conftest import needs_vllm
+from vllm_helpers import needs_vllm
 
 needs_vllm()
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

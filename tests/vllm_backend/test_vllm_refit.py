@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from vllm_helpers import make_engine, needs_vllm, perturb, sync
 
 from fp8rl.protocol import Prompt, RolloutRequest, SamplingParams
 from fp8rl.workers.model.scoring import pack, response_logprobs
 from fp8rl.workers.weight_sync.update import WeightUpdateRefused
-from tests.vllm.conftest import make_engine, needs_vllm, perturb, sync
 
 needs_vllm()
 pytestmark = pytest.mark.vllm

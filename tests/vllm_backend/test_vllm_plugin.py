@@ -5,8 +5,7 @@ from __future__ import annotations
 import pickle
 
 import pytest
-
-from tests.vllm.conftest import needs_vllm
+from vllm_helpers import needs_vllm
 
 needs_vllm()
 pytestmark = pytest.mark.vllm

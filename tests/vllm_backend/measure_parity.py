@@ -46,10 +46,11 @@ def main() -> None:
     parser.add_argument("--exact", type=int, default=1)
     args = parser.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm_helpers import make_engine, make_trainer, sync, tiny_job
+
     from fp8rl.kernels.invariant import token_logprobs
     from fp8rl.protocol import Prompt, RolloutRequest, SamplingParams
     from fp8rl.workers.model.scoring import pack, response_hidden, response_logprobs
-    from tests.vllm.conftest import make_engine, make_trainer, sync, tiny_job
 
     job = tiny_job(
         f"model.path={args.model}",

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from vllm_helpers import needs_vllm
 
 from fp8rl.kernels.invariant import token_logprobs
 from fp8rl.protocol import Prompt, RolloutRequest, SamplingParams
 from fp8rl.workers.model.scoring import pack, response_hidden, response_logprobs
-from tests.vllm.conftest import needs_vllm
 
 needs_vllm()
 pytestmark = pytest.mark.vllm

