@@ -101,6 +101,7 @@ def run(job: JobSpec, *, reporter: Any = None) -> dict[str, float]:
             **timer.metrics(),
             "policy_version": float(version),
             "perf/tokens_per_s": throughput(mask.sum(), timer.total),
+            "perf/step_s": timer.total,
         }
         tracker.log(step, metrics)
         tracker.log_generations(step, generation_rows(rollouts, job.logging.log_generations))

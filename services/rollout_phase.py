@@ -9,6 +9,7 @@ groups whose rewards are all equal are dropped and more prompts are drawn until 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,8 @@ class Rollouts:
     texts: list[str]
     rounds: int = 1
     dropped_groups: int = 0
+    generate_s: float = 0.0  # wall time in the engines
+    reward_s: float = 0.0  # wall time scoring
 
     def packed(self, pad_id: int) -> PackedBatch:
         """Prompt+response ids as generated, right-padded."""
@@ -177,15 +180,19 @@ def collect(
         prompts = feed.take(want - len(kept.records))
         records = [r for r, _ in prompts]
         sampling = sampling.model_copy(update={"seed": sampling.seed + rounds - 1})
+        t0 = time.perf_counter()
         samples = generate(
             engines,
             [(r.prompt_id, ids) for r, ids in prompts],
             sampling,
             request_id=f"step{step}.{rounds}",
         )
+        t1 = time.perf_counter()
         outputs, texts = score(
             reward, tokenizer, records, samples, n=n, max_tokens=job.rollout.max_tokens
         )
+        kept.generate_s += t1 - t0
+        kept.reward_s += time.perf_counter() - t1
         rewards = torch.tensor([o.reward for o in outputs], dtype=torch.float32)
         if algo.overlong_buffer > 0:
             lengths = torch.tensor([len(s.token_ids) for s in samples])

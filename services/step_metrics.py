@@ -23,6 +23,8 @@ def rollout_metrics(rollouts: Rollouts, *, max_tokens: int) -> dict[str, float]:
         "rollout/resample_rounds": float(rollouts.rounds),
         "rollout/dropped_groups": float(rollouts.dropped_groups),
         "rollout/policy_version": float(rollouts.samples[0].policy_version),
+        "timing_s/generate": rollouts.generate_s,
+        "timing_s/reward": rollouts.reward_s,
     }
     timeouts = sum(o.timed_out for o in rollouts.outputs)
     if timeouts:

@@ -244,3 +244,38 @@ def test_fp8_kv_cache_scales_travel_with_the_weights_and_parity_holds():
         temperature=1.0,
     )
     assert torch.equal(trainer.logprobs(train_batch), rollout)
+
+
+def test_trainer_refuses_a_batch_from_an_older_policy_unless_allowed():
+    from fp8rl.workers.model.scoring import pack
+    from fp8rl.workers.trainer.batch import TrainBatch
+
+    batch = pack([PROBE], [[5, 6]])
+    zeros = torch.zeros(1, 2)
+    stale = TrainBatch(
+        packed=batch,
+        rollout_logp=zeros,
+        old_logp=zeros,
+        advantages=zeros,
+        ref_logp=None,
+        policy_version=0,
+        temperature=1.0,
+    )
+    for allowed, ok in ((0, False), (1, True)):
+        job = tiny_job(f"algorithm.max_off_policy_steps={allowed}")
+        trainer = TrainerWorker(
+            job.model,
+            job.trainer,
+            job.algorithm,
+            job.precision,
+            total_steps=2,
+            batch_size=1,
+            device="cpu",
+            seed=0,
+        )
+        trainer.version = 1
+        if ok:
+            trainer.train(stale)
+        else:
+            with pytest.raises(ValueError, match="policy version 0, trainer is at 1"):
+                trainer.train(stale)

@@ -127,3 +127,55 @@ def test_unknown_model_path_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
     with pytest.raises(ValueError, match="model_type 'gpt2' is not supported"):
         resolve_model(str(tmp_path))
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama3"])
+def test_hf_directory_of_each_family_matches_transformers(family, tmp_path):
+    """Qwen2.5 (q/k/v bias), Qwen3 (q/k norm, untied) and Llama 3.1 (rope scaling) from sharded
+    safetensors directories give transformers' logits."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = dict(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    if family == "qwen2":
+        hf_cfg = Qwen2Config(**common, tie_word_embeddings=False)
+    elif family == "qwen3":
+        hf_cfg = Qwen3Config(**common, head_dim=32, tie_word_embeddings=False)
+    else:
+        hf_cfg = LlamaConfig(
+            **common,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        )
+    torch.manual_seed(0)
+    theirs = AutoModelForCausalLM.from_config(hf_cfg).eval()
+    if family == "qwen2":
+        for layer in theirs.model.layers:  # random biases, so a dropped bias would show
+            torch.nn.init.normal_(layer.self_attn.q_proj.bias, std=0.5)
+    theirs.save_pretrained(tmp_path, max_shard_size="200KB")
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    source = resolve_model(str(tmp_path))
+    ours = build_decoder(
+        source.config,
+        LayerPrecision(dtype=torch.float32),
+        state_dict=source.state_dict,
+        max_positions=256,
+        param_dtype=torch.float32,
+    ).eval()
+    ids = torch.randint(0, 512, (2, 40))
+    with torch.no_grad():
+        mine = ours.logits(ours(ids, torch.arange(40).expand(2, 40), torch.tensor([40, 40])))
+        ref = theirs(input_ids=ids).logits
+    torch.testing.assert_close(mine, ref, rtol=1e-4, atol=1e-4)
