@@ -20,7 +20,9 @@ from fp8rl.workers.model.build import build_decoder, layer_precision
 from fp8rl.workers.model.fp8_checkpoint import build_block_fp8_decoder
 from fp8rl.workers.model.linear import LayerPrecision
 from fp8rl.workers.model.loading import load_hf_dir, resolve_model
-from fp8rl.workers.weight_sync.update import apply_update, build_update
+from fp8rl.workers.weight_sync.object_store import ObjectStoreTransport
+from fp8rl.workers.weight_sync.receiver import WeightReceiver
+from fp8rl.workers.weight_sync.update import build_update
 
 TOKENS = [1, 9690, 314, 216, 28, 1789, 30, 2]
 MAX_POSITIONS = 64
@@ -104,9 +106,8 @@ def final_policy_engine(job, source, weights):
     )
     fingerprint = job.precision.quant.fingerprint()
     update, payload = build_update(trainer, receiver=engine_lp, version=10, fingerprint=fingerprint)
-    apply_update(
-        engine, update, payload, current_version=0, fingerprint=fingerprint, scale_format="fp32"
-    )
+    handle = ObjectStoreTransport().send(payload)
+    WeightReceiver(engine_lp, fingerprint).apply(engine, update, handle, device=torch.device("cpu"))
     return engine
 
 

@@ -15,8 +15,7 @@ from fp8rl.protocol import Handshake, ModelSpec, PrecisionSpec, WeightUpdate
 from fp8rl.workers.common import handshake, load_model, pick_device
 from fp8rl.workers.model.build import layer_precision
 from fp8rl.workers.model.scoring import PackedBatch, response_logprobs
-from fp8rl.workers.weight_sync.transport import make_transport
-from fp8rl.workers.weight_sync.update import apply_update
+from fp8rl.workers.weight_sync.receiver import WeightReceiver
 
 
 class ReferenceWorker:
@@ -38,8 +37,7 @@ class ReferenceWorker:
             model, precision, role="reference", trainable=False, device=self.device, seed=seed
         )
         self.fingerprint = precision.quant.fingerprint() if self.layer_precision.fp8 else None
-        self.applied_version: int | None = None
-        self.transports = {"object_store": make_transport("object_store")}
+        self.receiver = WeightReceiver(self.layer_precision, self.fingerprint)
 
     def handshake(self) -> Handshake:
         """Quant contract report for the driver."""
@@ -58,7 +56,7 @@ class ReferenceWorker:
 
     def init_transport(self, name: str, **kwargs: Any) -> None:
         """Receive weight updates through transport ``name`` (``nccl`` joins its process group)."""
-        self.transports[name] = make_transport(name, **kwargs)
+        self.receiver.join(name, **kwargs)
 
     def apply_weights(self, update: WeightUpdate, handle: Any) -> int:
         """Load the initial policy from the trainer (version 0 only: the reference never moves).
@@ -70,19 +68,4 @@ class ReferenceWorker:
             raise ValueError(
                 f"the reference policy is frozen; refusing weights of version {update.version}"
             )
-        if update.transport not in self.transports:
-            raise ValueError(
-                f"weight update sent over {update.transport}, which this worker has not joined"
-            )
-        payload = self.transports[update.transport].receive(update, handle, self.device)
-        self.applied_version = apply_update(
-            self.model,
-            update,
-            payload,
-            current_version=self.applied_version,
-            fingerprint=self.fingerprint,
-            scale_format=self.layer_precision.quant.scale_format
-            if self.layer_precision.fp8
-            else None,
-        )
-        return self.applied_version
+        return self.receiver.apply(self.model, update, handle, device=self.device)

@@ -57,8 +57,7 @@ from fp8rl.workers.model.config import DecoderConfig
 from fp8rl.workers.model.linear import LayerPrecision
 from fp8rl.workers.model.loading import resolve_model
 from fp8rl.workers.weight_sync.layout import SlotSpec, engine_slots, engine_tensor
-from fp8rl.workers.weight_sync.transport import make_transport
-from fp8rl.workers.weight_sync.update import WeightUpdateRefused, validate_update
+from fp8rl.workers.weight_sync.receiver import WeightReceiver
 
 EXTENSION = "fp8rl.workers.rollout.vllm_refit.FP8RLWorkerExtension"
 """vLLM worker extension class (``LLM(worker_extension_cls=...)``) that writes refits."""
@@ -134,8 +133,7 @@ class VLLMRolloutWorker:
         self.eos = list(source.config.eos_token_id)
         self.slots = expected_slots(source.config, self.layer_precision)
         self.fingerprint = precision.quant.fingerprint() if self.layer_precision.fp8 else None
-        self.applied_version: int | None = None
-        self.transports = {"object_store": make_transport("object_store")}
+        self.receiver = WeightReceiver(self.layer_precision, self.fingerprint)
         self._dir = Path(tempfile.mkdtemp(prefix="fp8rl-vllm-"))
         self.llm = self._start_engine(device, seed)
         self.device = torch.device("cpu" if self._platform_is_cpu() else "cuda")
@@ -237,7 +235,7 @@ class VLLMRolloutWorker:
     @property
     def version(self) -> int:
         """Policy version of the weights held (0 until the first update)."""
-        return self.applied_version or 0
+        return self.receiver.version or 0
 
     def handshake(self) -> Handshake:
         """Quant contract report for the driver (kernels: fp8rl's, on vLLM's device)."""
@@ -320,7 +318,7 @@ class VLLMRolloutWorker:
 
     def init_transport(self, name: str, **kwargs: Any) -> None:
         """Receive weight updates through transport ``name`` (``nccl`` joins its process group)."""
-        self.transports[name] = make_transport(name, **kwargs)
+        self.receiver.join(name, **kwargs)
 
     def apply_weights(self, update: WeightUpdate, handle: Any) -> int:
         """Validate the whole update, then write it into vLLM and reset its prefix cache.
@@ -329,25 +327,9 @@ class VLLMRolloutWorker:
             WeightUpdateRefused: naming each bad tensor; the engine keeps weights and version.
             ValueError: the update came over a transport this worker has not joined.
         """
-        if update.transport not in self.transports:
-            raise ValueError(
-                f"weight update sent over {update.transport}, which this worker has not joined"
-            )
-        payload = self.transports[update.transport].receive(update, handle, torch.device("cpu"))
-        problems = validate_update(
-            update,
-            payload,
-            slots=self.slots,
-            current_version=self.applied_version,
-            fingerprint=self.fingerprint,
-            scale_format=self.layer_precision.quant.scale_format
-            if self.layer_precision.fp8
-            else None,
-        )
-        if problems:
-            raise WeightUpdateRefused(problems)
+        payload = self.receiver.accept(update, handle, slots=self.slots, device=torch.device("cpu"))
         self._write(payload)
-        self.applied_version = update.version
+        self.receiver.version = update.version
         return update.version
 
     # -- diagnostics ----------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 The native backend is fp8rl's engine on the shared decoder. Every result records the policy
 version and quant fingerprint of the weights that produced it. Weight updates are validated
-completely before anything is written (``weight_sync.update.apply_update``); a refused update
+completely before anything is written (``weight_sync.receiver.WeightReceiver``); a refused update
 leaves weights and version as they were.
 """
 
@@ -27,8 +27,7 @@ from fp8rl.protocol import (
 from fp8rl.workers.common import handshake, load_model, pick_device
 from fp8rl.workers.model.build import layer_precision
 from fp8rl.workers.rollout.engine import NativeEngine
-from fp8rl.workers.weight_sync.transport import make_transport
-from fp8rl.workers.weight_sync.update import apply_update
+from fp8rl.workers.weight_sync.receiver import WeightReceiver
 
 
 class RolloutWorker:
@@ -67,13 +66,12 @@ class RolloutWorker:
             cuda_graphs=rollout.cuda_graphs,
         )
         self.fingerprint = precision.quant.fingerprint() if self.layer_precision.fp8 else None
-        self.applied_version: int | None = None
-        self.transports = {"object_store": make_transport("object_store")}
+        self.receiver = WeightReceiver(self.layer_precision, self.fingerprint)
 
     @property
     def version(self) -> int:
         """Policy version of the weights held (0 until the first update)."""
-        return self.applied_version or 0
+        return self.receiver.version or 0
 
     def handshake(self) -> Handshake:
         """Quant contract report for the driver."""
@@ -111,7 +109,7 @@ class RolloutWorker:
 
     def init_transport(self, name: str, **kwargs: Any) -> None:
         """Receive weight updates through transport ``name`` (``nccl`` joins its process group)."""
-        self.transports[name] = make_transport(name, **kwargs)
+        self.receiver.join(name, **kwargs)
 
     def apply_weights(self, update: WeightUpdate, handle: Any) -> int:
         """Validate and apply a weight update; return the new version.
@@ -119,22 +117,7 @@ class RolloutWorker:
         Raises:
             WeightUpdateRefused: naming each bad tensor; the engine keeps its weights and version.
         """
-        if update.transport not in self.transports:
-            raise ValueError(
-                f"weight update sent over {update.transport}, which this worker has not joined"
-            )
-        payload = self.transports[update.transport].receive(update, handle, self.device)
-        self.applied_version = apply_update(
-            self.model,
-            update,
-            payload,
-            current_version=self.applied_version,
-            fingerprint=self.fingerprint,
-            scale_format=self.layer_precision.quant.scale_format
-            if self.layer_precision.fp8
-            else None,
-        )
-        return self.applied_version
+        return self.receiver.apply(self.model, update, handle, device=self.device)
 
     @torch.no_grad()
     def logits(self, token_ids: list[int]) -> Tensor:

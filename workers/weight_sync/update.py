@@ -1,4 +1,4 @@
-"""Build, validate and apply WeightUpdates — all or nothing.
+"""Build and validate WeightUpdates — all or nothing (applied by ``receiver.WeightReceiver``).
 
 The trainer quantizes each FP8 linear once per optimizer step; ``build_update`` ships exactly
 those codes + 128×128 scales (plus dense tensors in the engine's compute dtype) with a manifest.
@@ -20,8 +20,6 @@ from fp8rl.workers.weight_sync.layout import (
     KV_SCALES,
     SCALE_SUFFIX,
     SlotSpec,
-    engine_slots,
-    engine_tensor,
     fp8_shapes,
     is_fp8_linear,
 )
@@ -194,35 +192,4 @@ def _check_tensor(
     return problems
 
 
-def apply_update(
-    model: nn.Module,
-    update: WeightUpdate,
-    payload: dict[str, Tensor],
-    *,
-    current_version: int | None,
-    fingerprint: str | None,
-    scale_format: str | None,
-) -> int:
-    """Validate then copy ``payload`` into the inference ``model`` in place; return the new version.
-
-    Raises:
-        WeightUpdateRefused: any problem (nothing was written).
-    """
-    slots = engine_slots(model)
-    problems = validate_update(
-        update,
-        payload,
-        slots=slots,
-        current_version=current_version,
-        fingerprint=fingerprint,
-        scale_format=scale_format,
-    )
-    if problems:
-        raise WeightUpdateRefused(problems)
-    with torch.no_grad():
-        for name in slots:
-            engine_tensor(model, name).copy_(payload[name])
-    return update.version
-
-
-__all__ = ["WeightUpdateRefused", "apply_update", "build_update", "fp8_shapes", "validate_update"]
+__all__ = ["WeightUpdateRefused", "build_update", "fp8_shapes", "validate_update"]
