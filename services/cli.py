@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from fp8rl.services.commands import export, mismatch, report, run, runs, serve, validate
+from fp8rl.services.commands import export, mismatch, report, run, runs, serve, submit, validate
 
 app = typer.Typer(
     name="fp8rl",
@@ -26,6 +26,7 @@ def _root() -> None:
 
 validate.register(app)
 run.register(app)
+submit.register(app)
 mismatch.register(app)
 serve.register(app)
 runs.register(app)

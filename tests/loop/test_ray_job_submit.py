@@ -55,3 +55,44 @@ def test_gsm8k_job_succeeds_through_ray_job_submit(ray_head, repo: Path, tmp_pat
         for line in (out / "gsm8k-smollm2" / "metrics.jsonl").read_text().splitlines()
     ]
     assert len(rows) == 1 and rows[0]["mismatch/abs_dlogp_max"] == 0.0
+
+
+def test_fp8rl_submit_validates_then_runs_the_driver_on_the_cluster(
+    ray_head, repo: Path, tmp_path: Path
+):
+    out = tmp_path / "runs"
+    base = [sys.executable, "-m", "fp8rl.services.cli", "submit"]
+    bad = subprocess.run(
+        [
+            *base,
+            "deploy/jobs/quickstart.yaml",
+            "rollout.max_tokns=4",
+            "--address",
+            ray_head.dashboard_url,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+    )
+    assert bad.returncode == 2 and "did you mean max_tokens" in bad.stderr
+    done = subprocess.run(
+        [
+            *base,
+            "deploy/jobs/quickstart.yaml",
+            "model.path=random:tiny-llama",
+            "steps=1",
+            "rollout.max_tokens=4",
+            "data.prompts_per_step=2",
+            "rollout.n=2",
+            f"output_dir={out}",
+            "checkpoint.save_final=false",
+            "--address",
+            ray_head.dashboard_url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=repo,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "SUCCEEDED" in done.stdout and (out / "quickstart" / "metrics.jsonl").exists()
