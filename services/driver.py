@@ -24,7 +24,7 @@ from fp8rl.services.data import PromptSampler, build_dataset
 from fp8rl.services.eval_phase import Evaluator
 from fp8rl.services.rollout_phase import PromptFeed, collect
 from fp8rl.services.run_dir import prepare_run_dir
-from fp8rl.services.runtime import init_ray, launch_workers, sync_weights
+from fp8rl.services.runtime import check_supported, init_ray, launch_workers, sync_weights
 from fp8rl.services.step_batch import (
     advantages,
     calibrate_kv_cache,
@@ -54,9 +54,7 @@ def run(job: JobSpec, *, reporter: Any = None) -> dict[str, float]:
         total_steps=job.steps,
         start_step=start,
     )
-    tracker.status("starting Ray workers and loading the model")
-    init_ray(job.resources.ray_address)
-    workers = launch_workers(job)
+    check_supported(job)  # before anything starts: unimplemented backends, missing data
     tokenizer = load_tokenizer(resolve_model(job.model.path, load_weights=False).tokenizer_dir)
     sampler = PromptSampler(
         build_dataset(job.data.train),
@@ -65,7 +63,10 @@ def run(job: JobSpec, *, reporter: Any = None) -> dict[str, float]:
         seed=job.seed,
     )
     feed = PromptFeed(sampler, tokenizer, job)
-    evaluator = Evaluator(job, workers.rollout, workers.reward, tokenizer)
+    evaluator = Evaluator(job, tokenizer)
+    tracker.status("starting Ray workers and loading the model")
+    init_ray(job.resources.ray_address)
+    workers = launch_workers(job)
     calibrate_kv_cache(workers, job, feed)
     sync_weights(
         workers, include_reference=True
@@ -112,7 +113,7 @@ def run(job: JobSpec, *, reporter: Any = None) -> dict[str, float]:
         )
         if evaluator.due(step):
             tracker.status(f"step {step}: evaluating")
-            val_metrics, rows = evaluator.run(step)
+            val_metrics, rows = evaluator.run(step, workers.rollout, workers.reward)
             tracker.log_validation(step, val_metrics, rows[: job.logging.log_generations])
             metrics.update(val_metrics)
         done = step + 1
@@ -151,7 +152,10 @@ class PhaseTimer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m fp8rl.services.driver SPEC [k=v ...]``; exit 0 done, 1 failed, 2 bad spec, 130 Ctrl-C."""
+    """``python -m fp8rl.services.driver SPEC [k=v ...]``.
+
+    Exit codes: 0 done, 2 a user error (bad spec, missing file, unsupported option), 1 any other
+    failure (traceback in the log), 130 Ctrl-C."""
     from fp8rl.services.store.reporter import reporter_from_env
 
     args = sys.argv[1:] if argv is None else argv
@@ -177,12 +181,16 @@ def main(argv: list[str] | None = None) -> int:
         if reporter:
             reporter.finished(RunState.STOPPED, "interrupted (Ctrl-C / SIGINT)")
         return 130
-    except Exception as exc:  # the run failed: say why, once, without a bare traceback
-        log.exception("run failed")
+    except Exception as exc:  # the run failed: say why, once
+        cause = getattr(exc, "cause", None) or exc  # a worker's error arrives wrapped by Ray
+        user_error = isinstance(cause, ValueError | FileNotFoundError)
+        if not user_error:  # a bug: keep the traceback in the log
+            log.exception("run failed")
+        reason = f"{type(cause).__name__}: {cause}"
         if reporter:
-            reporter.finished(RunState.FAILED, f"{type(exc).__name__}: {exc}")
-        print(f"run failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+            reporter.finished(RunState.FAILED, reason)
+        print(f"run failed: {reason}", file=sys.stderr)
+        return 2 if user_error else 1
     if reporter:
         reporter.finished(RunState.STOPPED if reporter.stop_requested() else RunState.SUCCEEDED)
     return 0

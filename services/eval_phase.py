@@ -29,13 +29,12 @@ class _ActorReward:
 class Evaluator:
     """Evaluates the current policy on ``job.eval.datasets`` with the rollout engines."""
 
-    def __init__(self, job: JobSpec, engines: list[Any], train_reward: Any, tokenizer: Any) -> None:
-        self.job, self.engines, self.tokenizer = job, engines, tokenizer
+    def __init__(self, job: JobSpec, tokenizer: Any) -> None:
+        self.job, self.tokenizer = job, tokenizer
         self.sets = []
         for spec in job.eval.datasets:
             records = build_dataset(spec)[: job.eval.limit]
             self.sets.append((dataset_name(spec), records))
-        self.train_reward = train_reward
         self.rewards: dict[str, Any] = {}
 
     def due(self, step: int) -> bool:
@@ -43,10 +42,10 @@ class Evaluator:
         n = self.job.eval.every_n_steps
         return bool(self.sets) and n > 0 and ((step + 1) % n == 0 or step + 1 == self.job.steps)
 
-    def _reward(self, name: str) -> _ActorReward:
+    def _reward(self, name: str, train_reward: Any) -> _ActorReward:
         terms = self.job.eval.rewards.get(name)
         if terms is None:
-            return _ActorReward(self.train_reward)
+            return _ActorReward(train_reward)
         if name not in self.rewards:
             from fp8rl.workers.reward.worker import RewardWorker
 
@@ -54,7 +53,9 @@ class Evaluator:
             self.rewards[name] = ray.remote(RewardWorker).options(num_cpus=0).remote(spec)
         return _ActorReward(self.rewards[name])
 
-    def run(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    def run(
+        self, step: int, engines: list[Any], train_reward: Any
+    ) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """``val/<name>/*`` metrics of every evaluation set, and sample rows for a table."""
         ev = self.job.eval
         sampling = SamplingParams(
@@ -79,7 +80,7 @@ class Evaluator:
 
             def gen(prompts, params, name=name, records=records):
                 samples = generate(
-                    self.engines,
+                    engines,
                     [(f"p{i}", ids) for i, ids in enumerate(prompts)],
                     params,
                     request_id=f"eval{step}/{name}",
@@ -103,7 +104,7 @@ class Evaluator:
                     gen,
                     records,
                     name=name,
-                    reward=self._reward(name),
+                    reward=self._reward(name, train_reward),
                     render=render,
                     decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
                     sampling=sampling,
