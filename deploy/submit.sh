@@ -33,7 +33,7 @@ if [[ $spec == ../* || ! -f $repo/$spec ]]; then
 fi
 cd "$repo"
 
-fp8rl validate "$spec" "$@" >/dev/null
+fp8rl validate --no-local "$spec" "$@" >/dev/null  # cluster paths need not exist here
 
 args=(--address "${RAY_ADDRESS:-http://127.0.0.1:8265}" --working-dir . --runtime-env deploy/runtime_env.yaml)
 if [[ -n ${FP8RL_NO_WAIT:-} ]]; then

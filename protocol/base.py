@@ -21,6 +21,7 @@ class StrictModel(BaseModel):
         use_attribute_docstrings=True,
         validate_assignment=True,
         protected_namespaces=(),
+        coerce_numbers_to_str=True,  # name=123 from an override is the string "123"
     )
 
 
@@ -38,6 +39,8 @@ def tagged_union(key: str, default: str, *models: type[BaseModel]) -> Any:
     def pick(value: Any) -> str | None:
         if isinstance(value, dict):
             return value.get(key, default)
+        if value is None:
+            return default  # `rollout: null` / an empty section means the default kind
         return getattr(value, key, None)
 
     UNION_TAGS.update(model.model_fields[key].default for model in models)

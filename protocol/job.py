@@ -84,6 +84,14 @@ class JobSpec(StrictModel):
                 f"data.max_prompt_tokens ({self.data.max_prompt_tokens}) + rollout.max_tokens "
                 f"({self.rollout.max_tokens}) exceeds model.max_model_len ({self.model.max_model_len})"
             )
+        if (
+            self.eval.datasets
+            and self.data.max_prompt_tokens + self.eval.max_tokens > self.model.max_model_len
+        ):
+            raise ValueError(
+                f"data.max_prompt_tokens ({self.data.max_prompt_tokens}) + eval.max_tokens "
+                f"({self.eval.max_tokens}) exceeds model.max_model_len ({self.model.max_model_len})"
+            )
         if self.precision.quant.kv_cache_dtype != "auto" and self.precision.mode != "unified_fp8":
             raise ValueError(
                 "precision.quant.kv_cache_dtype=fp8_e4m3 needs precision.mode=unified_fp8 (the trainer "

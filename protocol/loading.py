@@ -9,6 +9,7 @@ problem raises ``SpecError`` whose lines read like
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from collections.abc import Iterable, Sequence
@@ -50,9 +51,11 @@ def parse_job_spec(
 ) -> JobSpec:
     """Like ``load_job_spec`` but from YAML text."""
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
-        raise SpecError([f"not valid YAML: {exc}"], source) from None
+        raise SpecError(
+            [f"not valid YAML: {exc}".replace("<unicode string>", source)], source
+        ) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -60,6 +63,36 @@ def parse_job_spec(
     for item in overrides:
         apply_override(data, item)
     return validate_job_spec(data, source=source)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice in one mapping", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def _parse_value(raw: str) -> Any:
+    """An override value: YAML scalars/lists/mappings, and numbers like ``1e-5`` that YAML 1.1
+    would keep as text."""
+    if _NUMBER.match(raw.strip()):
+        text = raw.strip()
+        return int(text) if re.fullmatch(r"[+-]?\d+", text) else float(text)
+    try:
+        return yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        return raw
 
 
 def validate_job_spec(data: dict[str, Any], *, source: str = "job spec") -> JobSpec:
@@ -81,10 +114,7 @@ def apply_override(data: dict[str, Any], item: str) -> None:
         raise SpecError(
             [f"override {item!r} must look like key=value (e.g. rollout.max_tokens=512)"]
         )
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
+    value = _parse_value(raw)
     parts = key.strip().split(".")
     node: Any = data
     for depth, part in enumerate(parts[:-1]):
@@ -123,7 +153,7 @@ def describe_errors(exc: ValidationError, data: Any, model: type[BaseModel]) -> 
     for err in exc.errors(include_url=False):
         loc = tuple(err["loc"])
         path = _data_path(loc, data)
-        dotted = ".".join(str(p) for p in path) or "(top level)"
+        dotted = ".".join(str(p) for p in path) or "job spec"
         if err["type"] == "extra_forbidden":
             allowed = _allowed_fields(loc[:-1], model)
             hint = difflib.get_close_matches(str(loc[-1]), allowed, n=1, cutoff=0.6)

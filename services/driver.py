@@ -12,19 +12,20 @@ import logging
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import ray
 import torch
 
 from fp8rl.protocol import JobSpec, RunState, SpecError, load_job_spec
 from fp8rl.services.checkpoint import Checkpointer, checkpoint_step
 from fp8rl.services.data import PromptSampler, build_dataset
 from fp8rl.services.eval_phase import Evaluator
+from fp8rl.services.preflight import preflight
 from fp8rl.services.rollout_phase import PromptFeed, collect
-from fp8rl.services.run_dir import prepare_run_dir
-from fp8rl.services.runtime import check_supported, init_ray, launch_workers, sync_weights
+from fp8rl.services.run_dir import prepare_run_dir, run_dir_of
+from fp8rl.services.runtime import Workers, init_ray, running_workers, sync_weights
 from fp8rl.services.step_batch import (
     advantages,
     calibrate_kv_cache,
@@ -32,8 +33,9 @@ from fp8rl.services.step_batch import (
     new_batch,
     reference_logprobs,
     train,
+    trainer_logprobs,
 )
-from fp8rl.services.step_metrics import generation_rows, rollout_metrics, throughput
+from fp8rl.services.step_metrics import generation_rows, step_metrics
 from fp8rl.services.tracking import Tracker
 from fp8rl.workers.algorithms import mismatch_by_position, mismatch_metrics
 from fp8rl.workers.model.loading import load_tokenizer, resolve_model
@@ -41,12 +43,104 @@ from fp8rl.workers.model.loading import load_tokenizer, resolve_model
 log = logging.getLogger("fp8rl.driver")
 
 
+@dataclass
+class Session:
+    """What one run holds besides its Ray actors."""
+
+    job: JobSpec
+    tracker: Tracker
+    checkpoints: Checkpointer
+    resume: Path | None
+    start: int
+    tokenizer: Any
+    sampler: PromptSampler
+    feed: PromptFeed
+    evaluator: Evaluator
+    reporter: Any
+
+
 def run(job: JobSpec, *, reporter: Any = None) -> dict[str, float]:
     """Run ``job`` to the end (or until a stop is requested); return the last step's metrics."""
-    run_dir = prepare_run_dir(job)
-    checkpoints = Checkpointer(run_dir, job)
+    session = open_session(job, reporter)
+    if session is None:
+        return {}
+    try:
+        session.tracker.status("starting Ray workers and loading the model")
+        init_ray(job.resources.ray_address)
+        with running_workers(job) as workers:
+            return train_loop(session, workers)
+    finally:
+        session.tracker.close()
+
+
+def train_loop(s: Session, workers: Workers) -> dict[str, float]:
+    """The RL loop: rollout → rewards → reference → trainer logprobs → mismatch → advantages →
+    update → publish weights, one step at a time (DESIGN.md §5)."""
+    job, tokenizer = s.job, s.tokenizer
+    calibrate_kv_cache(workers, job, s.feed)
+    sync_weights(workers, include_reference=True)  # version 0: engines hold the trainer's codes
+    if s.resume:  # trainer state, data cursor, RNG; the reference keeps the initial policy
+        s.checkpoints.restore(s.resume, workers.trainer, s.sampler)
+        sync_weights(workers)
+    if s.reporter:
+        s.reporter.started(
+            quant_fingerprint=job.precision.quant.fingerprint(), run_dir=str(run_dir_of(job))
+        )
+    metrics, done, stopped = {}, s.start, False
+    for step in range(s.start, job.steps):
+        s.tracker.status(f"step {step} running")
+        timer = PhaseTimer()
+        with timer("rollout"):
+            rollouts = collect(job, s.feed, workers.rollout, workers.reward, tokenizer, step=step)
+        batch = new_batch(rollouts, job, pad_id=tokenizer.pad_token_id or 0)
+        with timer("ref"):
+            batch.ref_logp = reference_logprobs(workers, batch)
+        with timer("old_logp"):
+            batch.old_logp = trainer_logprobs(workers, batch)
+        with timer("values"):
+            values = critic_values(workers, batch)
+        mismatch = mismatch_metrics(batch.old_logp, batch.rollout_logp, batch.packed.response_mask)
+        batch.advantages, returns = advantages(job, rollouts, batch, values)
+        with timer("train"):
+            train_metrics = train(workers, batch, returns=returns, values=values)
+        with timer("sync"):
+            version = sync_weights(workers)
+        metrics = step_metrics(rollouts, batch, mismatch, train_metrics, timer, version=version)
+        log_step(s.tracker, step, metrics, rollouts, batch)
+        if s.evaluator.due(step):
+            metrics |= evaluate(s, workers, step)
+        done = step + 1
+        s.checkpoints.maybe_save(done, workers.trainer, s.sampler)
+        if s.reporter:
+            s.reporter.step(done, metrics)  # the API counts completed steps (1 after the first)
+            if s.reporter.stop_requested():
+                log.info("stop requested after step %d", step)
+                stopped = True
+                break
+    s.checkpoints.finish(done, workers.trainer, s.sampler, stopped=stopped)
+    return metrics
+
+
+def open_session(job: JobSpec, reporter: Any) -> Session | None:
+    """Check the spec, resolve resume, prepare the run directory, data and tracking (no Ray yet).
+
+    Returns None when a resumed run has nothing left to do.
+    """
+    preflight(job, local=True)  # unimplemented options, missing files: fail before anything starts
+    checkpoints = Checkpointer(run_dir_of(job), job)
     resume = checkpoints.resolve()  # refuses a checkpoint of another quant contract up front
     start = checkpoint_step(resume)  # steps already done (0: a fresh start)
+    if start >= job.steps:
+        log.warning(
+            "%s already completed %d of %d steps: nothing to run (set checkpoint.resume=never "
+            "to start over, or raise steps)",
+            run_dir_of(job),
+            start,
+            job.steps,
+        )
+        return None
+    run_dir = prepare_run_dir(job, fresh=resume is None)
+    log.info("run directory: %s", run_dir.resolve())
     tracker = Tracker(
         run_dir,
         job.logging,
@@ -54,7 +148,6 @@ def run(job: JobSpec, *, reporter: Any = None) -> dict[str, float]:
         total_steps=job.steps,
         start_step=start,
     )
-    check_supported(job)  # before anything starts: unimplemented backends, missing data
     tokenizer = load_tokenizer(resolve_model(job.model.path, load_weights=False).tokenizer_dir)
     sampler = PromptSampler(
         build_dataset(job.data.train),
@@ -63,70 +156,39 @@ def run(job: JobSpec, *, reporter: Any = None) -> dict[str, float]:
         seed=job.seed,
     )
     feed = PromptFeed(sampler, tokenizer, job)
-    evaluator = Evaluator(job, tokenizer)
-    tracker.status("starting Ray workers and loading the model")
-    init_ray(job.resources.ray_address)
-    workers = launch_workers(job)
-    calibrate_kv_cache(workers, job, feed)
-    sync_weights(
-        workers, include_reference=True
-    )  # version 0: engines hold the trainer's exact codes
-    if resume:  # trainer state, data cursor, RNG; the reference keeps the initial policy
-        checkpoints.restore(resume, workers.trainer, sampler)
-        sync_weights(workers)
-    if reporter:
-        reporter.started(quant_fingerprint=job.precision.quant.fingerprint(), run_dir=str(run_dir))
-    metrics, done, stopped = {}, start, False
-    for step in range(start, job.steps):
-        tracker.status(f"step {step} running")
-        timer = PhaseTimer()
-        with timer("rollout"):
-            rollouts = collect(job, feed, workers.rollout, workers.reward, tokenizer, step=step)
-        batch = new_batch(rollouts, job, pad_id=tokenizer.pad_token_id or 0)
-        with timer("ref"):
-            batch.ref_logp = reference_logprobs(workers, batch)
-        with timer("old_logp"):
-            batch.old_logp = ray.get(workers.trainer.logprobs.remote(batch))
-            values = critic_values(workers, batch)
-        mask = batch.packed.response_mask
-        mismatch = mismatch_metrics(batch.old_logp, batch.rollout_logp, mask)
-        batch.advantages, returns = advantages(job, rollouts, batch, values)
-        with timer("train"):
-            train_metrics = train(workers, batch, returns=returns, values=values)
-        with timer("sync"):
-            version = sync_weights(workers)
-        metrics = {
-            **rollout_metrics(rollouts, max_tokens=job.rollout.max_tokens),
-            **mismatch,
-            **train_metrics,
-            **timer.metrics(),
-            "policy_version": float(version),
-            "perf/tokens_per_s": throughput(mask.sum(), timer.total),
-            "perf/step_s": timer.total,
-        }
-        tracker.log(step, metrics)
-        tracker.log_generations(step, generation_rows(rollouts, job.logging.log_generations))
-        tracker.log_curve(
-            step,
-            "mismatch_by_position",
-            mismatch_by_position(batch.old_logp, batch.rollout_logp, mask),
-        )
-        if evaluator.due(step):
-            tracker.status(f"step {step}: evaluating")
-            val_metrics, rows = evaluator.run(step, workers.rollout, workers.reward)
-            tracker.log_validation(step, val_metrics, rows[: job.logging.log_generations])
-            metrics.update(val_metrics)
-        done = step + 1
-        checkpoints.maybe_save(done, workers.trainer, sampler)
-        if reporter:
-            reporter.step(done, metrics)  # the API counts completed steps (1 after the first)
-            if reporter.stop_requested():
-                log.info("stop requested after step %d", step)
-                stopped = True
-                break
-    checkpoints.finish(done, workers.trainer, sampler, stopped=stopped)
-    tracker.close()
+    feed.peek(1)  # render one prompt now: a bad template or field fails before Ray starts
+    return Session(
+        job,
+        tracker,
+        checkpoints,
+        resume,
+        start,
+        tokenizer,
+        sampler,
+        feed,
+        Evaluator(job, tokenizer),
+        reporter,
+    )
+
+
+def evaluate(s: Session, workers: Workers, step: int) -> dict[str, float]:
+    """Held-out evaluation with the rollout engines; logged with sample rows."""
+    s.tracker.status(f"step {step}: evaluating")
+    metrics, rows = s.evaluator.run(step, workers.rollout, workers.reward)
+    s.tracker.log_validation(step, metrics, rows[: s.job.logging.log_generations])
     return metrics
+
+
+def log_step(
+    tracker: Tracker, step: int, metrics: dict[str, float], rollouts: Any, batch: Any
+) -> None:
+    """Metrics, sample generations and the mismatch-by-position curve of a step."""
+    tracker.log(step, metrics)
+    tracker.log_generations(step, generation_rows(rollouts, tracker.spec.log_generations))
+    mask = batch.packed.response_mask
+    tracker.log_curve(
+        step, "mismatch_by_position", mismatch_by_position(batch.old_logp, batch.rollout_logp, mask)
+    )
 
 
 class PhaseTimer:
@@ -166,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         print(main.__doc__)
         return 0 if args else 2
     reporter = reporter_from_env()
+    if reporter:  # the driver's log lines reach `fp8rl runs logs` / GET /runs/{id}/logs
+        logging.getLogger().addHandler(reporter.log_handler())
     try:
         job = load_job_spec(Path(args[0]), args[1:])
     except SpecError as exc:

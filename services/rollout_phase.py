@@ -87,15 +87,17 @@ class PromptFeed:
                 )
                 if len(ids) > self.data.max_prompt_tokens:
                     self.skipped += 1
-                    log.warning(
-                        "skipping prompt %s: %d tokens > data.max_prompt_tokens=%d",
-                        record.prompt_id,
-                        len(ids),
-                        self.data.max_prompt_tokens,
-                    )
+                    if self.skipped <= 3 or self.skipped % 100 == 0:
+                        log.warning(
+                            "skipping prompt %s: %d tokens > data.max_prompt_tokens=%d (%d skipped so far)",
+                            record.prompt_id,
+                            len(ids),
+                            self.data.max_prompt_tokens,
+                            self.skipped,
+                        )
                     if self.skipped > 100 * count:
                         raise ValueError(
-                            "nearly every prompt exceeds data.max_prompt_tokens; raise it"
+                            "data.max_prompt_tokens: nearly every prompt is longer; raise it"
                         )
                     continue
                 out.append((record, ids))

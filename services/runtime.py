@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,26 +122,20 @@ class Workers:
     notes: list[str] = field(default_factory=list)
 
 
-def check_supported(job: JobSpec) -> None:
-    """Refuse, before any actor starts, what the spec allows but this release does not run.
-
-    Raises:
-        ValueError: naming the field and what to use instead.
-    """
-    if job.trainer.backend == "megatron":
-        raise ValueError(
-            "trainer.backend=megatron is not implemented yet; use trainer.backend=native"
-        )
-    if job.rollout.backend == "sglang":
-        raise ValueError("rollout.backend=sglang is not implemented yet; use native or vllm")
-    if job.trainer.num_workers > 1:
-        raise ValueError(
-            f"trainer.num_workers={job.trainer.num_workers}: data-parallel training across trainer "
-            "actors is not implemented yet; use one trainer (more rollout workers are fine)"
-        )
+@contextmanager
+def running_workers(job: JobSpec) -> Iterator[Workers]:
+    """``launch_workers`` for the duration of a ``with`` block; the actors are killed on the way
+    out (success, error or Ctrl-C), so no half-started actor outlives the driver."""
+    started: list[Any] = []
+    try:
+        yield launch_workers(job, started=started)
+    finally:
+        for actor in started:
+            with suppress(Exception):
+                ray.kill(actor)
 
 
-def launch_workers(job: JobSpec) -> Workers:
+def launch_workers(job: JobSpec, *, started: list[Any] | None = None) -> Workers:
     """Start the actors of ``job`` (each gets only its own sub-specs) and check their handshakes.
 
     GPUs: ``colocated`` actors share each GPU (fractional ``num_gpus``); ``disaggregated`` ones
@@ -150,7 +146,6 @@ def launch_workers(job: JobSpec) -> Workers:
     from fp8rl.workers.reward.worker import RewardWorker
     from fp8rl.workers.trainer.worker import TrainerWorker
 
-    check_supported(job)
     device, seed = job.resources.device, job.seed
     gpu_roles = [job.trainer.gpus_per_worker, job.rollout.gpus_per_worker]
     sharing = (
@@ -205,6 +200,8 @@ def launch_workers(job: JobSpec) -> Workers:
             .remote(job.model, job.trainer, job.algorithm, device=device, seed=seed)
         )
     reward = ray.remote(RewardWorker).options(num_cpus=0, max_concurrency=2).remote(job.reward)
+    if started is not None:  # the caller kills what was started, even if a handshake fails below
+        started.extend(a for a in (trainer, *rollout, reference, critic, reward) if a is not None)
     workers = Workers(
         trainer=trainer, rollout=rollout, reward=reward, reference=reference, critic=critic
     )

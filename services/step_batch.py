@@ -40,6 +40,11 @@ def reference_logprobs(workers: Workers, batch: TrainBatch) -> Tensor | None:
     return ray.get(workers.reference.logprobs.remote(batch.packed, temperature=batch.temperature))
 
 
+def trainer_logprobs(workers: Workers, batch: TrainBatch) -> Tensor:
+    """The current policy's logprobs [B, R] of the batch (the trainer's forward, no update)."""
+    return ray.get(workers.trainer.logprobs.remote(batch))
+
+
 def critic_values(workers: Workers, batch: TrainBatch) -> Tensor | None:
     """V(s_t) [B, R] from the critic (None unless the estimator is GAE)."""
     if workers.critic is None:

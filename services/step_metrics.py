@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor
 
 from fp8rl.services.rollout_phase import Rollouts
 
 
-def rollout_metrics(rollouts: Rollouts, *, max_tokens: int) -> dict[str, float]:
+def rollout_metrics(rollouts: Rollouts) -> dict[str, float]:
     """``reward/*``, ``response_length/*`` (tokens) and dynamic-sampling counters."""
     lengths = [len(s.token_ids) for s in rollouts.samples]
     rewards = rollouts.rewards
@@ -58,3 +60,25 @@ def generation_rows(rollouts: Rollouts, count: int) -> list[dict]:
 def throughput(tokens: Tensor | int, seconds: float) -> float:
     """Tokens per second (0 when no time elapsed)."""
     return float(tokens) / seconds if seconds > 0 else 0.0
+
+
+def step_metrics(
+    rollouts: Rollouts,
+    batch: Any,
+    mismatch: dict[str, float],
+    train: dict[str, float],
+    timer: Any,
+    *,
+    version: int,
+) -> dict[str, float]:
+    """Every scalar of a step: rollout, mismatch, actor/critic, timing and throughput."""
+    tokens = batch.packed.response_mask.sum()
+    return {
+        **rollout_metrics(rollouts),
+        **mismatch,
+        **train,
+        **timer.metrics(),
+        "policy_version": float(version),
+        "perf/tokens_per_s": throughput(tokens, timer.total),
+        "perf/step_s": timer.total,
+    }

@@ -26,6 +26,7 @@ from fp8rl.protocol.loading import validate_job_spec
 from fp8rl.services.api.launcher import JobLauncher, LauncherUnavailable
 from fp8rl.services.api.problems import ApiProblem, spec_problem
 from fp8rl.services.api.settings import ApiSettings, default_entrypoint
+from fp8rl.services.preflight import preflight
 from fp8rl.services.store import RunRecord, RunStore
 from fp8rl.services.store.engine import normalize_url, url_to_string
 from fp8rl.services.store.reporter import RUN_ID_ENV, STORE_URL_ENV
@@ -89,6 +90,7 @@ class RunService:
         try:
             data = parse_spec_body(body, content_type, overrides)
             job = validate_job_spec(data)
+            preflight(job, local=False)  # the cluster's files are not the server's to read
         except SpecError as exc:
             raise spec_problem(exc) from None
         if job.checkpoint.resume not in RESUME_ALLOWED:

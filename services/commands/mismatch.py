@@ -35,6 +35,7 @@ def mismatch(
 ) -> None:
     """Generate with the engine and score the same token ids with the trainer forward, per mode."""
     import torch
+    from pydantic import ValidationError
     from rich.console import Console
     from rich.table import Table
 
@@ -51,6 +52,8 @@ def mismatch(
         spec = ModelSpec(path=model, max_model_len=512)
         source = resolve_model(spec.path)
         tokenizer = load_tokenizer(source.tokenizer_dir)
+    except ValidationError as exc:
+        raise fail(f"--model: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
     except (ValueError, FileNotFoundError) as exc:
         raise fail(f"--model: {exc}") from None
     texts = _prompts(prompts, num_prompts)

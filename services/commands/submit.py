@@ -16,7 +16,9 @@ from typing import Annotated
 import typer
 import yaml
 
+from fp8rl.protocol import SpecError
 from fp8rl.services.commands.common import fail, read_spec
+from fp8rl.services.preflight import preflight
 
 TERMINAL = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 1}
 
@@ -42,7 +44,11 @@ def submit(
     wait: Annotated[bool, typer.Option(help="Follow the job's logs until it ends.")] = True,
 ) -> None:
     """Submit a job spec to a Ray cluster: the same driver as `fp8rl run` and the REST API."""
-    read_spec(spec, overrides)  # exit 2 with the field path on a bad spec
+    job = read_spec(spec, overrides)  # exit 2 with the field path on a bad spec
+    try:
+        preflight(job, local=False)  # cluster paths and extras are the cluster's to check
+    except SpecError as exc:
+        raise fail(str(exc)) from None
     root = working_dir.resolve()
     try:
         relative = spec.resolve().relative_to(root)

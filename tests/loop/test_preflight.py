@@ -1,0 +1,77 @@
+"""Specs that cannot run are refused before anything starts, one line per field."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from fp8rl.protocol import SpecError, parse_job_spec
+from fp8rl.services.preflight import preflight
+
+
+def _problems(*overrides: str, local: bool = True) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        preflight(parse_job_spec("", list(overrides)), local=local)
+    return info.value.problems
+
+
+def test_unimplemented_backends_are_refused_naming_each_field():
+    problems = _problems(
+        "trainer.backend=megatron", "rollout.backend=sglang", "trainer.num_workers=2", local=False
+    )
+    assert [p.split(":")[0] for p in problems] == [
+        "trainer.backend",
+        "rollout.backend",
+        "trainer.num_workers",
+    ]
+
+
+def test_template_without_question_or_with_bad_braces_is_refused():
+    assert _problems("data.prompt_template='What is {questoin}?'", local=False)[0].startswith(
+        "data.prompt_template: has no {question}"
+    )
+    assert (
+        "not a valid format string"
+        in _problems("data.prompt_template='What is {question'", local=False)[0]
+    )
+
+
+def test_unknown_reward_name_is_refused_before_ray_starts():
+    (problem,) = _problems("reward.functions=[{name: nope}]", local=False)
+    assert problem.startswith("reward.functions.0.name: 'nope' is neither a built-in")
+    (problem,) = _problems("reward.functions=[{name: no_such_pkg.mod.fn}]")
+    assert "cannot be loaded" in problem
+
+
+def test_missing_model_and_dataset_files_are_refused_only_locally(tmp_path):
+    overrides = (
+        f"model.path={tmp_path}/nope",
+        "data.train.type=file",
+        f"data.train.path={tmp_path}/x.jsonl",
+    )
+    problems = _problems(*overrides)
+    assert problems[0].startswith("model.path: ") and problems[1].startswith("data.train.path: ")
+    preflight(
+        parse_job_spec("", list(overrides)), local=False
+    )  # a cluster's paths: not checked here
+
+
+def test_run_with_a_missing_dataset_exits_2_with_one_line_before_ray(tmp_path):
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fp8rl.services.driver",
+            "deploy/jobs/gsm8k-smollm2.yaml",
+            f"data.train.path={tmp_path}/missing.jsonl",
+            f"output_dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "data.train.path: " in done.stderr and "Traceback" not in done.stderr
+    assert "Started a local Ray" not in done.stdout + done.stderr
