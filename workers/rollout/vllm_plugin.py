@@ -408,15 +408,13 @@ class DenseLinearMethod(_LinearMethodBase):
         **extra_weight_attrs: Any,
     ) -> None:
         """Allocate ``weight`` [N, K] in ``params_dtype``."""
-        from vllm.model_executor.utils import set_weight_attrs
-
-        weight = nn.Parameter(
-            torch.empty(sum(output_partition_sizes), input_size_per_partition, dtype=params_dtype),
-            requires_grad=False,
+        _dense_weight(
+            layer,
+            output_partition_sizes,
+            input_size_per_partition,
+            params_dtype,
+            extra_weight_attrs,
         )
-        set_weight_attrs(weight, {"input_dim": 1, "output_dim": 0})
-        set_weight_attrs(weight, extra_weight_attrs)
-        layer.register_parameter("weight", weight)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Nothing (no repacked copy to go stale)."""
@@ -426,6 +424,25 @@ class DenseLinearMethod(_LinearMethodBase):
         from fp8rl.kernels.invariant import dense_linear
 
         return dense_linear(x, layer.weight, bias, exact=self.config.exact)
+
+
+def _dense_weight(
+    layer: nn.Module,
+    output_partition_sizes: list[int],
+    input_size_per_partition: int,
+    params_dtype: torch.dtype,
+    extra_weight_attrs: dict[str, Any],
+) -> None:
+    """Register a dense ``weight`` [sum(output shards), K_rank] the way vLLM's loaders expect."""
+    from vllm.model_executor.utils import set_weight_attrs
+
+    weight = nn.Parameter(
+        torch.empty(sum(output_partition_sizes), input_size_per_partition, dtype=params_dtype),
+        requires_grad=False,
+    )
+    set_weight_attrs(weight, {"input_dim": 1, "output_dim": 0})
+    set_weight_attrs(weight, extra_weight_attrs)
+    layer.register_parameter("weight", weight)
 
 
 class DenseEmbeddingMethod(_QuantizeMethodBase):
@@ -446,15 +463,13 @@ class DenseEmbeddingMethod(_QuantizeMethodBase):
         **extra_weight_attrs: Any,
     ) -> None:
         """Allocate ``weight`` [V_rank, H] in ``params_dtype``."""
-        from vllm.model_executor.utils import set_weight_attrs
-
-        weight = nn.Parameter(
-            torch.empty(sum(output_partition_sizes), input_size_per_partition, dtype=params_dtype),
-            requires_grad=False,
+        _dense_weight(
+            layer,
+            output_partition_sizes,
+            input_size_per_partition,
+            params_dtype,
+            extra_weight_attrs,
         )
-        set_weight_attrs(weight, {"input_dim": 1, "output_dim": 0})
-        set_weight_attrs(weight, extra_weight_attrs)
-        layer.register_parameter("weight", weight)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Nothing (the lm_head reads the live weight)."""
