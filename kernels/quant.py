@@ -19,7 +19,7 @@ Design notes
   batch size or on the row's position: M=1 and M=4096 run the same code path.
 * The pure-torch ``*_reference`` functions are the CPU truth. On CUDA the public wrappers launch
   the Triton kernels of ``quant_triton.py``, which are tested to be *bitwise* equal to these
-  references (``tests/kernels/test_gpu.py``).
+  references (``tests/fp8_kernels/test_kernels_gpu.py``).
 * ``QuantizedTensor.scale`` always has the *logical* grid shape (e.g. ``[M, ceil(K/128)]``); the
   storage may be transposed for a backend (the Triton per-token quantizer writes it M-major, the
   layout ``torch.nn.functional.scaled_mm`` wants). Compare scales by value, never by stride.

@@ -6,7 +6,7 @@ Design notes
   ``tl.math.div_rn`` (Triton's ``/`` on float32 is the approximate ``div.full``), floored at
   ``MIN_SCALE`` with ``tl.maximum``, rounded up to a power of two on the bits; codes are
   ``div_rn(x, scale)`` clamped to ±448 *before* ``.to(tl.float8e4nv)`` (round to nearest even,
-  saturating on sm_90). ``tests/kernels/test_gpu.py`` checks equality on random and edge data.
+  saturating on sm_90). ``tests/fp8_kernels/test_kernels_gpu.py`` checks equality on random and edge data.
 * NaN would vanish in ``tl.max`` (max.f32 returns the non-NaN operand), so NaN is mapped to +inf
   before the amax: a group with NaN or inf gets an infinite scale, which the public wrapper's
   one ``isfinite`` reduction over the scales turns into a ``ValueError``.

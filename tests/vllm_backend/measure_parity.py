@@ -1,6 +1,6 @@
 """Measure vLLM ↔ trainer |Δlogp| (docs/results/vllm-parity.md); not collected by pytest.
 
-    python -m tests.vllm.measure_parity MODE [--model PATH] [--without OP ...] [--stock]
+    python -m tests.vllm_backend.measure_parity MODE [--model PATH] [--without OP ...] [--stock]
 
 MODE is a precision mode (``unified_fp8`` | ``bf16``). The engine samples ``n`` responses per
 prompt (T=1, seeded), the trainer (FP32 master weights, the native TrainerWorker) scores the same

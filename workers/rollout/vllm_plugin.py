@@ -65,7 +65,7 @@ def register() -> None:
 
 def _registered() -> type | None:
     # The registry dict itself: ``get_quantization_config`` would import every built-in method,
-    # which vLLM avoids while plugins load (vLLM 0.32; see tests/vllm/test_vllm_plugin.py).
+    # which vLLM avoids while plugins load (vLLM 0.32; see tests/vllm_backend/test_vllm_plugin.py).
     from vllm.model_executor.layers import quantization
 
     return quantization._CUSTOMIZED_METHOD_TO_QUANT_CONFIG.get(QUANT_METHOD)
