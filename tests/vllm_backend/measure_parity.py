@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -46,6 +48,7 @@ def main() -> None:
     parser.add_argument("--exact", type=int, default=1)
     args = parser.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    sys.path.insert(0, str(Path(__file__).parent))  # the helpers beside this script
     from vllm_helpers import make_engine, make_trainer, sync, tiny_job
 
     from fp8rl.kernels.invariant import token_logprobs
