@@ -30,15 +30,41 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    job = parse_job_spec("", ["model.path=random:small-llama", "model.max_model_len=512", "precision.exact=true",
-                              "precision.quant.kv_cache_dtype=fp8_e4m3", "rollout.n=4", f"rollout.max_tokens={args.max_tokens}",
-                              "data.max_prompt_tokens=64", "trainer.micro_batch_size=16", "trainer.lr=1e-4"])
-    trainer = TrainerWorker(job.model, job.trainer, job.algorithm, job.precision, total_steps=args.steps,
-                            batch_size=32, device=args.device, seed=0)
+    job = parse_job_spec(
+        "",
+        [
+            "model.path=random:small-llama",
+            "model.max_model_len=512",
+            "precision.exact=true",
+            "precision.quant.kv_cache_dtype=fp8_e4m3",
+            "rollout.n=4",
+            f"rollout.max_tokens={args.max_tokens}",
+            "data.max_prompt_tokens=64",
+            "trainer.micro_batch_size=16",
+            "trainer.lr=1e-4",
+        ],
+    )
+    trainer = TrainerWorker(
+        job.model,
+        job.trainer,
+        job.algorithm,
+        job.precision,
+        total_steps=args.steps,
+        batch_size=32,
+        device=args.device,
+        seed=0,
+    )
     engine = RolloutWorker(job.model, job.rollout, job.precision, device=args.device, seed=0)
     gen = torch.Generator().manual_seed(0)
-    prompts = [Prompt(prompt_id=str(i), token_ids=torch.randint(3, 32000, (int(torch.randint(8, 48, (1,), generator=gen)),),
-                                                                generator=gen).tolist()) for i in range(8)]
+    prompts = [
+        Prompt(
+            prompt_id=str(i),
+            token_ids=torch.randint(
+                3, 32000, (int(torch.randint(8, 48, (1,), generator=gen)),), generator=gen
+            ).tolist(),
+        )
+        for i in range(8)
+    ]
     trainer.calibrate_kv(pack([p.token_ids for p in prompts], [[] for _ in prompts]))
     rows = []
     for step in range(args.steps):
@@ -47,19 +73,39 @@ def main() -> None:
         update, handle = trainer.publish()
         engine.apply_weights(update, handle)
         t["sync_s"] = time.perf_counter() - t0
-        t["update_mb"] = sum(int(torch.tensor(e.shape).prod()) * (1 if e.dtype.startswith("float8") else 2 if "bf" in e.dtype else 4)
-                             for e in update.tensors) / 2**20
+        t["update_mb"] = (
+            sum(
+                int(torch.tensor(e.shape).prod())
+                * (1 if e.dtype.startswith("float8") else 2 if "bf" in e.dtype else 4)
+                for e in update.tensors
+            )
+            / 2**20
+        )
         t0 = time.perf_counter()
-        result = engine.generate(RolloutRequest(request_id=str(step), prompts=prompts,
-                                                sampling=SamplingParams(n=4, max_tokens=args.max_tokens, seed=step)))
+        result = engine.generate(
+            RolloutRequest(
+                request_id=str(step),
+                prompts=prompts,
+                sampling=SamplingParams(n=4, max_tokens=args.max_tokens, seed=step),
+            )
+        )
         t["generate_s"] = time.perf_counter() - t0
-        batch = pack([s.prompt_token_ids for s in result.samples], [s.token_ids for s in result.samples])
+        batch = pack(
+            [s.prompt_token_ids for s in result.samples], [s.token_ids for s in result.samples]
+        )
         rollout = torch.zeros(batch.response_ids.shape)
         for i, s in enumerate(result.samples):
             rollout[i, : len(s.logprobs)] = torch.tensor(s.logprobs)
         adv = torch.randn(len(result.samples))[:, None] * batch.response_mask
-        tb = TrainBatch(packed=batch, rollout_logp=rollout, old_logp=rollout, advantages=adv, ref_logp=None,
-                        policy_version=result.policy_version, temperature=1.0)
+        tb = TrainBatch(
+            packed=batch,
+            rollout_logp=rollout,
+            old_logp=rollout,
+            advantages=adv,
+            ref_logp=None,
+            policy_version=result.policy_version,
+            temperature=1.0,
+        )
         t0 = time.perf_counter()
         tb.old_logp = trainer.logprobs(tb)
         t["score_s"] = time.perf_counter() - t0
@@ -72,10 +118,15 @@ def main() -> None:
         t["grad_norm"] = metrics["actor/grad_norm"]
         rows.append(t)
         print(json.dumps(t), flush=True)
-    table = ["| step | tokens | max abs dlogp | update MiB | sync s | generate s | score s | train s |",
-             "|---|---|---|---|---|---|---|---|"]
-    table += [f"| {r['step']} | {r['tokens']} | {r['max_abs_dlogp']:.3g} | {r['update_mb']:.1f} | {r['sync_s']:.2f} | "
-              f"{r['generate_s']:.2f} | {r['score_s']:.2f} | {r['train_s']:.2f} |" for r in rows]
+    table = [
+        "| step | tokens | max abs dlogp | update MiB | sync s | generate s | score s | train s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    table += [
+        f"| {r['step']} | {r['tokens']} | {r['max_abs_dlogp']:.3g} | {r['update_mb']:.1f} | {r['sync_s']:.2f} | "
+        f"{r['generate_s']:.2f} | {r['score_s']:.2f} | {r['train_s']:.2f} |"
+        for r in rows
+    ]
     print("\n".join(table))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
