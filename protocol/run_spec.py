@@ -28,6 +28,13 @@ class ResourcesSpec(StrictModel):
     num_nodes: int = Field(default=1, ge=1)
     """Nodes the run spans."""
 
+    gpus_per_node: int = Field(default=8, ge=1)
+    """GPUs on each node of the cluster the spec declares (the placement plan's bundles)."""
+
+    gpu_memory_gib: float = Field(default=141.0, gt=0)
+    """Memory of one GPU, in GiB, that the placement plan checks its estimate against
+    (H200: 141; H100/A100-80G: 80)."""
+
     cpus_per_worker: float = Field(default=1.0, gt=0)
     """CPU cores reserved per Ray actor on GPU clusters (CPU runs share the local cores)."""
 

@@ -55,6 +55,11 @@ class _TrainerCommon(StrictModel):
     gpus_per_worker: int = Field(default=0, ge=0)
     """GPUs each trainer actor holds (0 on CPU)."""
 
+    offload: Literal["none", "optimizer", "params_and_optimizer"] = "none"
+    """CPU offload of the sharded training state (FSDP2 ``CPUOffloadPolicy``): ``optimizer`` keeps
+    AdamW state (and the optimizer step) on the host; ``params_and_optimizer`` also keeps the
+    master weights there between uses. Lets fewer GPUs than the state needs still train."""
+
     @model_validator(mode="after")
     def _micro_divides_mini(self) -> _TrainerCommon:
         if self.mini_batch_size is not None and self.mini_batch_size % self.micro_batch_size:
