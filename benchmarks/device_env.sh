@@ -6,7 +6,7 @@
 # Wheels missing there travel in ./.whl (git-ignored), fetched here with
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     --implementation cp --platform manylinux2014_x86_64 -d .whl \
-#     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.7.0 typing-inspection==0.4.2
+#     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.7.0 typing-inspection==0.4.5 typing-extensions
 # The package is a symlink farm (/tmp/fp8rl-pkg/fp8rl/<folder> → ./<folder>), the same mapping
 # as pyproject's package-dir, so no build step runs on the device.
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
