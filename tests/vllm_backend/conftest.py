@@ -21,7 +21,7 @@ def bf16_pair():
     if VLLM_MISSING:
         pytest.skip(SKIP_REASON)
     job = tiny_job("precision.mode=bf16")
-    trainer, engine = make_trainer(job), make_engine(job)
+    trainer, engine = make_trainer(job), _engine_told_its_cpu_has_amx(job)
     sync(trainer, engine)
     yield job, trainer, engine
     engine.close()
