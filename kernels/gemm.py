@@ -255,6 +255,19 @@ def _library_gemm(
         return None
 
 
+def _decode_sized(a: QuantizedTensor, b: QuantizedTensor) -> bool:
+    """Fast-path FProp/DGrad shapes the decode kernel takes: M ≤ 256, 1×128 · 128×128 (weight
+    K-contiguous), output of float dtype (see ``gemm_decode_triton``)."""
+    from fp8rl.kernels.gemm_decode_triton import MAX_DECODE_ROWS
+
+    return (
+        a.shape[0] <= MAX_DECODE_ROWS
+        and a.block == (1, GROUP)
+        and b.block == (GROUP, GROUP)
+        and b.codes.stride(-1) == 1
+    )
+
+
 def fp8_gemm(
     a: QuantizedTensor, b: QuantizedTensor, *, out_dtype: torch.dtype, exact: bool = False
 ) -> Tensor:
@@ -265,7 +278,8 @@ def fp8_gemm(
         b: ``[N, K]`` with block (1,128) or (128,128) (for a 128×1 tensor pass ``q.t()``).
         out_dtype: result dtype (bfloat16/float32; the CPU emulation takes any float dtype).
         exact: batch-invariant mode: a row's result is bitwise independent of the other rows
-            (Triton, fixed tiles, no split-K on CUDA; the CPU emulation is always exact).
+            (Triton, fixed tiles, no split-K on CUDA; the CPU emulation is always exact). The
+            fast mode runs the decode-size kernel (split-K, tuned table) for M ≤ 256.
     Returns:
         ``[..., N]`` in ``out_dtype``.
     Raises:
@@ -279,7 +293,11 @@ def fp8_gemm(
     lead = a.shape[:-1]
     a2 = _flatten(a)
     out = None
-    if not exact:
+    if not exact and triton_available() and _decode_sized(a2, b):
+        from fp8rl.kernels import gemm_decode_triton
+
+        out = gemm_decode_triton.fp8_gemm_decode(a2, b, out_dtype=out_dtype)[0]
+    if out is None and not exact:
         if deepgemm_available():
             out = _library_gemm("deepgemm", a2, b, out_dtype)
         if out is None and scaled_mm_blockwise_available(device):
