@@ -31,8 +31,8 @@ from fp8rl.kernels.quant_triton import _nan_to_inf_abs, _scale_from_amax, _to_co
 
 
 @triton.jit
-def _quant_store_rows(y, codes_ptr, scale_ptr, offs_r, offs_k, rows, k, stride_codes, stride_sg,
-                      POW2: tl.constexpr, BLOCK_R: tl.constexpr, WIDTH: tl.constexpr):  # fmt: skip
+def _quant_store_rows(y, codes_ptr, scale_ptr, offs_r, offs_k, first_group, rows, k, stride_codes,
+                      stride_sg, POW2: tl.constexpr, BLOCK_R: tl.constexpr, WIDTH: tl.constexpr):  # fmt: skip
     """1×128-quantize ``y [BLOCK_R, WIDTH]`` (float32) and store codes + M-major scales."""
     grouped = tl.reshape(y, (BLOCK_R, WIDTH // 128, 128))
     scale = _scale_from_amax(tl.max(_nan_to_inf_abs(grouped), axis=2), POW2)
@@ -41,7 +41,7 @@ def _quant_store_rows(y, codes_ptr, scale_ptr, offs_r, offs_k, rows, k, stride_c
     mask = row_mask[:, None] & (offs_k[None, :] < k)
     rows64 = offs_r.to(tl.int64)[:, None]
     tl.store(codes_ptr + rows64 * stride_codes + offs_k[None, :], codes, mask=mask)
-    groups = offs_k[0] // 128 + tl.arange(0, WIDTH // 128)
+    groups = first_group + tl.arange(0, WIDTH // 128)
     scale_ptrs = scale_ptr + groups[None, :] * stride_sg + offs_r[:, None]
     tl.store(scale_ptrs, scale, mask=row_mask[:, None] & (groups[None, :] * 128 < k))
 
@@ -66,7 +66,7 @@ def _add_rms_norm_quant_kernel(
     normed = (xf * inv[:, None]).to(x.dtype)
     w = tl.load(w_ptr + offs_h, mask=offs_h < h, other=0.0).to(x.dtype)
     y = (w[None, :].to(tl.float32) * normed.to(tl.float32)).to(x.dtype).to(tl.float32)
-    _quant_store_rows(y, codes_ptr, scale_ptr, offs_r, offs_h, rows, h, stride_codes, stride_sg,
+    _quant_store_rows(y, codes_ptr, scale_ptr, offs_r, offs_h, 0, rows, h, stride_codes, stride_sg,
                       POW2, BLOCK_R, BLOCK_H)  # fmt: skip
 
 
@@ -84,8 +84,8 @@ def _silu_mul_quant_kernel(
     gf = g.to(tl.float32)
     act = tl.math.div_rn(gf, 1.0 + tl.exp(-gf)).to(g.dtype)  # torch's silu, rounded once
     y = (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype).to(tl.float32)
-    _quant_store_rows(y, codes_ptr, scale_ptr, offs_r, offs_k, rows, k, stride_codes, stride_sg,
-                      POW2, BLOCK_R, GROUPS * 128)  # fmt: skip
+    _quant_store_rows(y, codes_ptr, scale_ptr, offs_r, offs_k, tl.program_id(0) * GROUPS, rows, k,
+                      stride_codes, stride_sg, POW2, BLOCK_R, GROUPS * 128)  # fmt: skip
 
 
 def _rows_2d(x: Tensor) -> Tensor:
