@@ -17,16 +17,16 @@ for s in $STAGES; do
   case $s in
   tests)
     stage tests
-    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/fp8_kernels/test_fused_gpu.py \
+    timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/fp8_kernels/test_fused_gpu.py \
       tests/fp8_kernels/test_kernels_gpu.py 2>&1 | tail -25 | tee "$R/tests.txt" ;;
   tune)
     stage tune
-    timeout 200 python3 benchmarks/gemm_tune.py --table kernels/fp8_gemm_decode_table.json \
+    timeout 150 python3 benchmarks/gemm_tune.py --table kernels/fp8_gemm_decode_table.json \
       --out "$R" 2>&1 | grep -v "^  N=" | tail -60
     cp kernels/fp8_gemm_decode_table.json "$R/" 2>/dev/null ;;
   rollout)
     stage rollout
-    timeout 150 python3 benchmarks/rollout.py --batch 64 256 --gen 512 --graphs on \
+    timeout 120 python3 benchmarks/rollout.py --batch 64 256 --gen 512 --graphs on \
       --out "$R" --tag rollout-gen512 2>&1 | grep -v '^{' | tail -12 ;;
   kv)
     stage kv
@@ -34,11 +34,11 @@ for s in $STAGES; do
       --kv bf16 fp8 --out "$R" --tag rollout-gen4096 2>&1 | grep -v '^{' | tail -10 ;;
   train)
     stage train
-    timeout 150 python3 benchmarks/train_step.py --layers 8 --tokens 16384 32768 --profile \
+    timeout 100 python3 benchmarks/train_step.py --layers 8 --tokens 16384 32768 --profile \
       --out "$R" 2>&1 | grep -v '^{' | tail -40 ;;
   checks)
     stage checks
-    timeout 150 python3 benchmarks/gpu_checks.py --out "$R" 2>&1 | tail -25 ;;
+    timeout 100 python3 benchmarks/gpu_checks.py --out "$R" 2>&1 | tail -25 ;;
   exact)
     stage exact
     timeout 120 python3 benchmarks/rollout.py --layers 8 --batch 64 --gen 512 --graphs on \
