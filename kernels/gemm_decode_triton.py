@@ -20,6 +20,13 @@ Design notes
 * **Config.** ``decode_config(m, n, k)`` looks the (M bucket, N, K) up in the table tuned on the
   H200 (``fp8_gemm_decode_table.json``, written by ``benchmarks/gemm_tune.py``) and falls back to
   a heuristic that aims at two programs per SM.
+* **Where it runs (measured, benchmarks/results/issue14-h200.md).** The prologue quantization is
+  repeated by every N tile of a row block, which is free at M ≤ 16 but dominates from M = 64 on
+  (0.1-0.4× BF16 there), so ``fp8_linear`` takes the fused-prologue kernel only for the
+  (M bucket, N, K) where the table records it beating quantize + library GEMM (``prologue``).
+  Already-quantized activations (the fused norm/SwiGLU kernels) use the kernel for
+  ``MIN_DECODE_ROWS ≤ M ≤ MAX_DECODE_ROWS`` (decode at batch 64 went 0.90× → 1.12× BF16);
+  beyond that cuBLASLt ``scaled_mm`` stays.
 """
 
 from __future__ import annotations
@@ -37,7 +44,10 @@ from torch import Tensor
 from fp8rl.kernels.quant import GROUP, QuantizedTensor
 from fp8rl.kernels.quant_triton import _nan_to_inf_abs, _scale_from_amax, _to_codes
 
-MAX_DECODE_ROWS = 256
+MIN_DECODE_ROWS = 16
+"""Smallest M the decode kernel takes an already-quantized activation for (below: tiled kernel;
+at M = 1 the H200 sweep measured the decode kernel at half the bandwidth it reaches at M = 16)."""
+MAX_DECODE_ROWS = 64
 """Largest M the decode kernel is dispatched for (larger M goes to the library / tiled kernel)."""
 
 TABLE_PATH = Path(__file__).with_name("fp8_gemm_decode_table.json")
@@ -58,26 +68,39 @@ class DecodeConfig:
 
 
 def m_bucket(m: int) -> int:
-    """The table's M key: the next power of two ≥ ``m``, at least 16."""
-    return max(16, triton.next_power_of_2(m))
+    """The table's M key: the next power of two ≥ ``m``."""
+    return triton.next_power_of_2(max(m, 1))
+
+
+def block_m_for(m: int) -> int:
+    """Row tile for ``m`` rows: the M bucket clamped to 16..64 (``tl.dot`` needs ≥ 16)."""
+    return min(64, max(16, m_bucket(m)))
 
 
 @functools.cache
-def _table() -> dict[tuple[int, int, int], DecodeConfig]:
+def _table() -> dict[tuple[int, int, int], tuple[DecodeConfig, bool]]:
     if not TABLE_PATH.exists():
         return {}
     rows = json.loads(TABLE_PATH.read_text())["configs"]
     return {
-        (r["m"], r["n"], r["k"]): DecodeConfig(
-            r["block_m"], r["block_n"], r["split_k"], r["num_warps"], r["num_stages"]
+        (r["m"], r["n"], r["k"]): (
+            DecodeConfig(r["block_m"], r["block_n"], r["split_k"], r["num_warps"], r["num_stages"]),
+            bool(r.get("prologue", False)),
         )
         for r in rows
     }
 
 
+def prologue_wins(m: int, n: int, k: int) -> bool:
+    """Whether the table measured the fused-prologue kernel faster than quantize + library GEMM
+    at (M bucket, N, K); False for shapes it has no row for."""
+    hit = _table().get((m_bucket(m), n, k))
+    return hit is not None and hit[1]
+
+
 def heuristic_config(m: int, n: int, k: int) -> DecodeConfig:
     """Untuned fallback: ``BLOCK_M`` covers M up to 64, split-K to reach ~2 programs per SM."""
-    block_m = min(64, m_bucket(m))
+    block_m = block_m_for(m)
     block_n = 64 if m <= 64 else 128
     tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
     k_blocks = triton.cdiv(k, GROUP)
@@ -90,12 +113,12 @@ def heuristic_config(m: int, n: int, k: int) -> DecodeConfig:
 def decode_config(m: int, n: int, k: int) -> DecodeConfig:
     """The tuned config for (M bucket, N, K), else ``heuristic_config``."""
     tuned = _table().get((m_bucket(m), n, k))
-    return tuned if tuned is not None else heuristic_config(m, n, k)
+    return tuned[0] if tuned is not None else heuristic_config(m, n, k)
 
 
-def config_row(m: int, n: int, k: int, cfg: DecodeConfig) -> dict:
+def config_row(m: int, n: int, k: int, cfg: DecodeConfig, *, prologue: bool) -> dict:
     """One table row (what ``benchmarks/gemm_tune.py`` writes)."""
-    return {"m": m_bucket(m), "n": n, "k": k, **asdict(cfg)}
+    return {"m": m_bucket(m), "n": n, "k": k, **asdict(cfg), "prologue": prologue}
 
 
 def _locks(device: torch.device) -> Tensor:

@@ -77,14 +77,17 @@ def _fprop(
 
 
 def _decode_prologue(x: Tensor, weight: QuantizedTensor) -> bool:
-    """True when the fast path quantizes x inside the decode GEMM (CUDA, Triton, M ≤ 256)."""
+    """True when the fast path quantizes x inside the decode GEMM: CUDA + Triton and a shape the
+    tuned table measured faster that way than quantize + GEMM (``prologue_wins``)."""
     from fp8rl.kernels.backend import triton_available
 
     if not (x.is_cuda and triton_available()) or x.dtype not in (torch.bfloat16, torch.float32):
         return False
-    from fp8rl.kernels.gemm_decode_triton import MAX_DECODE_ROWS
+    from fp8rl.kernels.gemm_decode_triton import prologue_wins
 
-    return x.numel() // max(x.shape[-1], 1) <= MAX_DECODE_ROWS and weight.codes.stride(-1) == 1
+    rows = x.numel() // max(x.shape[-1], 1)
+    n, k = weight.shape
+    return weight.codes.stride(-1) == 1 and prologue_wins(rows, n, k)
 
 
 def _fprop_decode(

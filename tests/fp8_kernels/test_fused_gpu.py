@@ -85,7 +85,7 @@ def test_decode_gemm_matches_the_emulation_and_the_quantized_path(m, n, k):
     xq = per_token_group_quant(x)
     ref = fp8_gemm_reference(xq, w, out_dtype=torch.float32)
     for split in (1, 2, 4, 8):
-        cfg = dec.DecodeConfig(min(64, dec.m_bucket(m)), 64, split)
+        cfg = dec.DecodeConfig(dec.block_m_for(m), 64, split)
         out, scales = dec.fp8_gemm_decode(x, w, out_dtype=torch.float32, config=cfg)
         assert torch.equal(scales.view(torch.int32), xq.scale.contiguous().view(torch.int32))
         assert ((out - ref).norm() / ref.norm()).item() < 1e-3  # as the other FP8 GEMMs
