@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every issue-14 GPU test and benchmark in one device call (H200), short tables last.
 #
-#   bash benchmarks/gpu_all.sh [stage ...]     # stages: tests tune rollout train checks exact
+#   bash benchmarks/gpu_all.sh [stage ...]  # stages: tests parity tune rollout kv train checks exact
 #
 # Run from the repository root (device_env.sh makes it importable as fp8rl). Results go to $OUT
 # (the device call's output folder) or benchmarks/results/run/. Each stage has its own time
@@ -11,7 +11,7 @@ source benchmarks/device_env.sh || exit 1
 R=${OUT:-benchmarks/results/run}
 mkdir -p "$R"
 export OMP_NUM_THREADS=4 TRITON_PRINT_AUTOTUNING=0
-STAGES=${*:-tests tune rollout train checks exact}
+STAGES=${*:-tests parity tune rollout train exact}
 stage() { echo "=== $1 ($(date -u +%T))"; }
 for s in $STAGES; do
   case $s in
@@ -19,6 +19,10 @@ for s in $STAGES; do
     stage tests
     timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/fp8_kernels/test_fused_gpu.py \
       tests/fp8_kernels/test_kernels_gpu.py 2>&1 | tail -25 | tee "$R/tests.txt" ;;
+  parity)
+    stage parity
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu 2>&1 | tail -15 \
+      | tee "$R/parity-tests.txt" ;;
   tune)
     stage tune
     timeout 150 python3 benchmarks/gemm_tune.py --table kernels/fp8_gemm_decode_table.json \
