@@ -35,9 +35,10 @@ def _quant_store_rows(y, codes_ptr, scale_ptr, offs_r, offs_k, first_group, rows
                       stride_sg, POW2: tl.constexpr, BLOCK_R: tl.constexpr, WIDTH: tl.constexpr):  # fmt: skip
     """1×128-quantize ``y [BLOCK_R, WIDTH]`` (float32) and store codes + M-major scales."""
     grouped = tl.reshape(y, (BLOCK_R, WIDTH // 128, 128))
-    scale = _scale_from_amax(tl.max(_nan_to_inf_abs(grouped), axis=2), POW2)
-    codes = tl.reshape(_to_codes(grouped, scale[:, :, None]), (BLOCK_R, WIDTH))
     row_mask = offs_r < rows
+    scale = _scale_from_amax(tl.max(_nan_to_inf_abs(grouped), axis=2), POW2)
+    scale = tl.where(row_mask[:, None], scale, 1.0)  # padding rows: no slow-path division
+    codes = tl.reshape(_to_codes(grouped, scale[:, :, None]), (BLOCK_R, WIDTH))
     mask = row_mask[:, None] & (offs_k[None, :] < k)
     rows64 = offs_r.to(tl.int64)[:, None]
     tl.store(codes_ptr + rows64 * stride_codes + offs_k[None, :], codes, mask=mask)

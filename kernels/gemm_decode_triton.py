@@ -167,6 +167,8 @@ def _decode_gemm_kernel(
         else:  # the 1x128 quantizer, in registers (bitwise per_token_group_quant)
             af = a.to(tl.float32)
             sa = _scale_from_amax(tl.max(_nan_to_inf_abs(af), axis=1), POW2)
+            # rows past M: scale 1, not 2**-126 (suspected div.rn slow path; M=1 ran at half speed)
+            sa = tl.where(mask_m, sa, 1.0)
             a8 = _to_codes(af, sa[:, None])
             tl.store(sa_out_ptr + offs_m * stride_so_m + kb * stride_so_k, sa, mask=write_sa)
         sb = tl.load(sb_row + kb * stride_sbk)
