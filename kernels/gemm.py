@@ -256,15 +256,15 @@ def _library_gemm(
 
 
 def _decode_sized(a: QuantizedTensor, b: QuantizedTensor) -> bool:
-    """Fast-path FProp shapes the decode kernel takes: 16 ≤ M ≤ 64, 1×128 · 128×128 (weight
-    K-contiguous); see ``gemm_decode_triton`` for the measured range."""
-    from fp8rl.kernels.gemm_decode_triton import MAX_DECODE_ROWS, MIN_DECODE_ROWS
+    """Fast-path FProp shapes the decode kernel takes: 1×128 · 128×128 (weight K-contiguous) at
+    an M the tuned table (or, without a measurement, the 16 ≤ M ≤ 64 rule) gives to it."""
+    from fp8rl.kernels.gemm_decode_triton import decode_wins
 
     return (
-        MIN_DECODE_ROWS <= a.shape[0] <= MAX_DECODE_ROWS
-        and a.block == (1, GROUP)
+        a.block == (1, GROUP)
         and b.block == (GROUP, GROUP)
         and b.codes.stride(-1) == 1
+        and decode_wins(a.shape[0], b.shape[0], a.shape[1])
     )
 
 
@@ -279,7 +279,8 @@ def fp8_gemm(
         out_dtype: result dtype (bfloat16/float32; the CPU emulation takes any float dtype).
         exact: batch-invariant mode: a row's result is bitwise independent of the other rows
             (Triton, fixed tiles, no split-K on CUDA; the CPU emulation is always exact). The
-            fast mode runs the decode-size kernel (split-K, tuned table) for 16 ≤ M ≤ 64.
+            fast mode runs the decode-size kernel (split-K, tuned table) for small M
+            (``gemm_decode_triton.decode_wins``).
     Returns:
         ``[..., N]`` in ``out_dtype``.
     Raises:

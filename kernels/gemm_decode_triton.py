@@ -48,7 +48,9 @@ MIN_DECODE_ROWS = 16
 """Smallest M the decode kernel takes an already-quantized activation for (below: tiled kernel;
 at M = 1 the H200 sweep measured the decode kernel at half the bandwidth it reaches at M = 16)."""
 MAX_DECODE_ROWS = 64
-"""Largest M the decode kernel is dispatched for (larger M goes to the library / tiled kernel)."""
+"""Largest M the decode kernel is dispatched for without a measured table flag."""
+MAX_TABLE_ROWS = 256
+"""Largest M the table is tuned for (a measured ``fp8_in`` flag may enable the kernel up to it)."""
 
 TABLE_PATH = Path(__file__).with_name("fp8_gemm_decode_table.json")
 _NUM_SMS = 132
@@ -78,14 +80,14 @@ def block_m_for(m: int) -> int:
 
 
 @functools.cache
-def _table() -> dict[tuple[int, int, int], tuple[DecodeConfig, bool]]:
+def _table() -> dict[tuple[int, int, int], tuple[DecodeConfig, dict]]:
     if not TABLE_PATH.exists():
         return {}
     rows = json.loads(TABLE_PATH.read_text())["configs"]
     return {
         (r["m"], r["n"], r["k"]): (
             DecodeConfig(r["block_m"], r["block_n"], r["split_k"], r["num_warps"], r["num_stages"]),
-            bool(r.get("prologue", False)),
+            {key: bool(r[key]) for key in ("prologue", "fp8_in") if key in r},
         )
         for r in rows
     }
@@ -95,7 +97,16 @@ def prologue_wins(m: int, n: int, k: int) -> bool:
     """Whether the table measured the fused-prologue kernel faster than quantize + library GEMM
     at (M bucket, N, K); False for shapes it has no row for."""
     hit = _table().get((m_bucket(m), n, k))
-    return hit is not None and hit[1]
+    return hit is not None and hit[1].get("prologue", False)
+
+
+def decode_wins(m: int, n: int, k: int) -> bool:
+    """Whether to run the decode kernel on an already-quantized activation: the table's measured
+    ``fp8_in`` flag for (M bucket, N, K), else ``MIN_DECODE_ROWS ≤ m ≤ MAX_DECODE_ROWS``."""
+    hit = _table().get((m_bucket(m), n, k))
+    if hit is not None and "fp8_in" in hit[1]:
+        return hit[1]["fp8_in"] and m <= MAX_TABLE_ROWS
+    return MIN_DECODE_ROWS <= m <= MAX_DECODE_ROWS
 
 
 def heuristic_config(m: int, n: int, k: int) -> DecodeConfig:
@@ -116,9 +127,12 @@ def decode_config(m: int, n: int, k: int) -> DecodeConfig:
     return tuned[0] if tuned is not None else heuristic_config(m, n, k)
 
 
-def config_row(m: int, n: int, k: int, cfg: DecodeConfig, *, prologue: bool) -> dict:
+def config_row(
+    m: int, n: int, k: int, cfg: DecodeConfig, *, prologue: bool, fp8_in: bool | None = None
+) -> dict:
     """One table row (what ``benchmarks/gemm_tune.py`` writes)."""
-    return {"m": m_bucket(m), "n": n, "k": k, **asdict(cfg), "prologue": prologue}
+    row = {"m": m_bucket(m), "n": n, "k": k, **asdict(cfg), "prologue": prologue}
+    return row if fp8_in is None else {**row, "fp8_in": fp8_in}
 
 
 def _locks(device: torch.device) -> Tensor:
