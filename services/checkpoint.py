@@ -221,8 +221,7 @@ def commit_checkpoint(
         os.replace(tmp, final)
     _fsync_dir(root)
     if healthy:
-        _write_text_synced(root / f".{LATEST}.tmp", final.name + "\n", replace=root / LATEST)
-        _fsync_dir(root)
+        _point_latest(root, final)
     return final
 
 
@@ -486,7 +485,10 @@ class Checkpointer:
             self.anchor, self._anchor_known = path, True
         elif self.anchor == path:  # an unhealthy rewrite of the anchor's step replaced it
             self.anchor, self._anchor_known = None, False
-        deleted = prune_checkpoints(self.root, keep_last=self.spec.keep_last, anchor=self._anchor())
+        anchor = self._anchor()
+        deleted = prune_checkpoints(self.root, keep_last=self.spec.keep_last, anchor=anchor)
+        if anchor is not None and _pointer(self.root) != anchor.name:  # it named a damaged one
+            _point_latest(self.root, anchor)
         size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
         log.info(
             "checkpoint %s saved%s (%.1f MB in %.1f s; pruned %s)",
@@ -539,6 +541,18 @@ def _load(path: Path, loader: Callable[[Path], Any]) -> Any:
         raise CheckpointCorruptError(
             f"{path}: cannot load: {type(error).__name__}: {error}"
         ) from error
+
+
+def _pointer(root: Path) -> str | None:
+    try:
+        return (root / LATEST).read_text().strip()
+    except OSError:
+        return None
+
+
+def _point_latest(root: Path, path: Path) -> None:
+    _write_text_synced(root / f".{LATEST}.tmp", path.name + "\n", replace=root / LATEST)
+    _fsync_dir(root)
 
 
 def _copy_tokenizer(source: Path, target: Path) -> None:
