@@ -164,7 +164,7 @@ def select_checkpoint(root: Path, *, checksums: bool = True) -> tuple[Path | Non
         try:
             meta = verify_checkpoint(path, checksums=checksums)
         except CheckpointCorruptError as error:
-            skipped.append(Skipped(path, str(error), corrupt=True))
+            skipped.append(Skipped(path, str(error).removeprefix(f"{path}: "), corrupt=True))
             continue
         if not meta.healthy:
             reason = "healthy: false (written after the run's last healthy step)"

@@ -8,13 +8,12 @@ import hashlib
 import json
 import logging
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from test_checkpoint_files import save, small_job, trainer_state
+from typer.testing import CliRunner
 
 from fp8rl.services import checkpoint_verify
 from fp8rl.services.checkpoint import (
@@ -267,24 +266,23 @@ def _spec(tmp_path: Path, **checkpoint) -> Path:
     return spec
 
 
-def test_fp8rl_run_shows_the_skipped_checkpoint_and_its_reason(tmp_path):
-    """`fp8rl run` with resume: auto logs which checkpoint was skipped and why, then resumes
-    from the older one (here: step 1 of steps=1, so nothing is left to run and Ray never starts)."""
+def test_fp8rl_run_shows_the_skipped_checkpoint_and_its_reason(tmp_path, caplog):
+    """`fp8rl run` with resume: auto logs which checkpoint was skipped and why (stderr, and
+    `fp8rl runs logs` through the reporter's log handler), then resumes from the older one (here
+    step 1 of steps=1: nothing is left to run, so Ray never starts)."""
+    from fp8rl.services.cli import app
+
     spec = _spec(tmp_path)
     root = tmp_path / "runs" / "r" / "checkpoints"
     save(root, 1)
     bad = save(root, 2)
     flip_byte(bad)
-    out = subprocess.run(
-        [sys.executable, "-m", "fp8rl.services.cli", "run", str(spec)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert out.returncode == 0, out.stderr
-    assert f"skipping checkpoint {bad}: {bad}: {STATE_FILE} fails its checksum" in out.stderr
-    assert "already completed 1 of 1 steps" in out.stderr
+    with caplog.at_level(logging.INFO):
+        result = CliRunner().invoke(app, ["run", str(spec)])
+    assert result.exit_code == 0, result.output
+    logged = [r.getMessage() for r in caplog.records]
+    assert f"skipping checkpoint {bad}: {STATE_FILE} fails its checksum" in "\n".join(logged)
+    assert any("already completed 1 of 1 steps" in m for m in logged)
 
 
 def test_resuming_from_a_named_damaged_checkpoint_exits_1_naming_the_file(tmp_path, capsys):
