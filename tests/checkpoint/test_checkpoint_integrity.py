@@ -309,3 +309,14 @@ def test_verification_cost_is_paid_once_per_resume(tmp_path, monkeypatch):
     sampler = type("S", (), {"load_state_dict": lambda self, c: None})()
     checkpointer.restore(path, trainer, sampler)
     assert sorted(p.name for p in calls) == [MODEL_FILE, STATE_FILE]
+
+
+def test_fp8rl_export_of_a_damaged_checkpoint_exits_1_naming_the_file(tmp_path):
+    from fp8rl.services.cli import app
+
+    bad = save(tmp_path / "checkpoints", 1)
+    flip_byte(bad)
+    result = CliRunner().invoke(app, ["export", str(tmp_path), "--out", str(tmp_path / "x")])
+    assert result.exit_code == 1
+    assert f"{STATE_FILE} fails its checksum" in result.output and "step_1" in result.output
+    assert not (tmp_path / "x").exists()
