@@ -233,10 +233,12 @@ def find_checkpoint(location: Path, *, step: int | None = None) -> Path:
 
     Raises:
         CheckpointError: nothing there (the message lists the steps that exist), or only
-            unhealthy checkpoints.
+            unhealthy checkpoints (a user error: exit code 2).
         CheckpointCorruptError: the named checkpoint, or every candidate, fails verification.
     """
     location = Path(location).expanduser()
+    if not location.exists():
+        raise CheckpointError(f"no complete checkpoint under {location}: it does not exist")
     if step is None and (step_of(location) is not None or (location / META).is_file()):
         verify_checkpoint(location)
         return location
@@ -253,12 +255,12 @@ def find_checkpoint(location: Path, *, step: int | None = None) -> Path:
     warn_skipped(skipped)
     if found is not None:
         return found
+    if not skipped:
+        raise CheckpointError(f"no complete checkpoint under {location}")
     reasons = "; ".join(f"{s.path.name}: {s.reason}" for s in skipped)
     if any(s.corrupt for s in skipped):
         raise CheckpointCorruptError(f"no usable checkpoint under {location}: {reasons}")
-    raise CheckpointError(
-        f"no complete checkpoint under {location}" + (f": {reasons}" * bool(reasons))
-    )
+    raise CheckpointError(f"no healthy checkpoint under {location}: {reasons}")
 
 
 def checkpoint_step(path: Path | None) -> int:
@@ -408,6 +410,8 @@ class Checkpointer:
         self._verified.add(path)
         meta = read_meta(path)
         check_compatible(meta, self.job, path=path)
+        if not meta.healthy:  # only reachable by naming it in checkpoint.resume
+            log.warning("resuming from %s, which is marked healthy: false", path)
         if meta.model_path != self.job.model.path:
             log.warning(
                 "checkpoint %s was trained from model.path=%s; this spec says %s (the reference "

@@ -249,6 +249,12 @@ def test_a_manifest_without_checksums_is_refused_with_its_format_version(tmp_pat
 def test_nothing_to_resume_from_is_a_user_error_but_damage_is_not(tmp_path):
     with pytest.raises(CheckpointError, match="no complete checkpoint"):
         find_checkpoint(tmp_path / "nowhere")
+    with pytest.raises(CheckpointError, match="does not exist"):  # a typo, not damage
+        find_checkpoint(tmp_path / "nowhere" / "checkpoints" / "step_3")
+    save(tmp_path / "sick" / "checkpoints", 1, healthy=False)
+    with pytest.raises(CheckpointError, match=r"no healthy checkpoint .* healthy: false"):
+        find_checkpoint(tmp_path / "sick")
+    assert Checkpointer(tmp_path / "sick", small_job()).resolve() is None  # auto: start over
     bad = save(tmp_path / "run" / "checkpoints", 1)
     flip_byte(bad)
     with pytest.raises(CheckpointCorruptError, match=f"step_1: {STATE_FILE} fails"):
