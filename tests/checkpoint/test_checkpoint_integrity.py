@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from test_checkpoint_files import save, small_job, trainer_state
 from typer.testing import CliRunner
@@ -51,6 +52,17 @@ def flip_byte(path: Path) -> str:
     return f"{STATE_FILE} fails its checksum"
 
 
+def garbage_weights(path: Path) -> str:
+    """Row 3: same-size finite noise over the tensor data (the header stays valid)."""
+    file = path / MODEL_FILE
+    header = 8 + int.from_bytes(file.read_bytes()[:8], "little")
+    data = bytearray(file.read_bytes())
+    noise = torch.rand((len(data) - header) // 4).numpy().tobytes()
+    data[header : header + len(noise)] = noise
+    file.write_bytes(bytes(data))
+    return f"{MODEL_FILE} fails its checksum"
+
+
 def remove_file(path: Path) -> str:
     (path / STATE_FILE).unlink()
     return f"{STATE_FILE} is missing"
@@ -86,7 +98,15 @@ def unreadable(monkeypatch):
     yield damage
 
 
-DAMAGES = [truncate, flip_byte, remove_file, remove_manifest, garbage_manifest, "unreadable"]
+DAMAGES = [
+    truncate,
+    flip_byte,
+    garbage_weights,
+    remove_file,
+    remove_manifest,
+    garbage_manifest,
+    "unreadable",
+]
 
 
 @pytest.mark.parametrize("damage", DAMAGES, ids=lambda d: d if isinstance(d, str) else d.__name__)
