@@ -59,8 +59,10 @@ from fp8rl.services.checkpoint_manifest import (
     FORMAT_VERSION,
     LATEST,
     META,
+    CheckpointError,
     CheckpointMeta,
     Skipped,
+    check_compatible,
     checkpoint_steps,
     latest_checkpoint,
     prune_checkpoints,
@@ -91,14 +93,6 @@ TOKENIZER_PATTERNS = (
 
 TEST_DELAY_ENV = "FP8RL_TEST_CHECKPOINT_DELAY"
 """Test hook ``"STEP:SECONDS"``: saves of step_N with N >= STEP sleep mid-write (kill -9 tests)."""
-
-
-class CheckpointError(ValueError):
-    """A checkpoint the user pointed at that does not exist, or one from an incompatible spec.
-
-    Data that is missing, unreadable or fails its checksums raises ``CheckpointCorruptError``
-    (an ``OSError``: a storage fault, not a user error) instead.
-    """
 
 
 # --------------------------------------------------------------------------------------------
@@ -305,39 +299,6 @@ def remove_interrupted_saves(root: Path) -> list[Path]:
         else:
             path.unlink(missing_ok=True)
     return leftovers
-
-
-def check_compatible(meta: CheckpointMeta, job: JobSpec, *, path: Path) -> None:
-    """Refuse a checkpoint written under another quant contract (unless the spec allows it).
-
-    Raises:
-        CheckpointError: fingerprints or precision modes differ and
-            ``checkpoint.allow_quant_change`` is false; the message names both fingerprints and
-            the differing QuantConfig fields.
-    """
-    mine = job.precision.quant.fingerprint()
-    problems = []
-    if meta.quant_fingerprint != mine:
-        fields = ", ".join(meta.quant.differing_fields(job.precision.quant)) or "unknown"
-        problems.append(
-            f"quant fingerprint {meta.quant_fingerprint} (checkpoint) != {mine} (this spec); "
-            f"differing precision.quant fields: {fields}"
-        )
-    if meta.precision_mode != job.precision.mode:
-        problems.append(
-            f"precision.mode {meta.precision_mode} (checkpoint) != {job.precision.mode} (this spec)"
-        )
-    if not problems:
-        return
-    if job.checkpoint.allow_quant_change:
-        log.warning("resuming %s under a changed quant contract: %s", path, "; ".join(problems))
-        return
-    raise CheckpointError(
-        f"checkpoint {path} was written under another quant contract: "
-        + "; ".join(problems)
-        + ". Set checkpoint.allow_quant_change=true to resume anyway (weights are re-quantized "
-        "with this spec's QuantConfig), or checkpoint.resume=never to start over."
-    )
 
 
 def driver_rng_state() -> dict[str, Any]:

@@ -2,8 +2,9 @@
 
 A checkpoint directory is usable when its manifest parses, names the directory's step, and every
 file it records has the recorded size and sha256 (``checkpoint_verify``). The resume point is the
-newest usable checkpoint marked healthy; pruning keeps it whatever ``keep_last`` says. Layout and
-the write recipe: ``fp8rl.services.checkpoint``.
+newest usable checkpoint marked healthy; pruning keeps it whatever ``keep_last`` says; a resume
+is refused under another quant contract (``check_compatible``). Layout and the write recipe:
+``fp8rl.services.checkpoint``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from fp8rl.protocol import QuantConfig
+from fp8rl.protocol import JobSpec, QuantConfig
 from fp8rl.protocol.base import StrictModel
 from fp8rl.services.checkpoint_verify import CheckpointCorruptError, FileRecord, verify_files
 
@@ -28,6 +29,14 @@ FORMAT_VERSION = 2
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 META = "meta.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint the user pointed at that does not exist, or one from an incompatible spec.
+
+    Data that is missing, unreadable or fails its checksums raises ``CheckpointCorruptError``
+    (an ``OSError``: a storage fault, not a user error) instead.
+    """
 
 
 class CheckpointMeta(StrictModel):
@@ -216,6 +225,39 @@ def prune_checkpoints(root: Path, *, keep_last: int, anchor: Path | None) -> lis
     return deleted
 
 
+def check_compatible(meta: CheckpointMeta, job: JobSpec, *, path: Path) -> None:
+    """Refuse a checkpoint written under another quant contract (unless the spec allows it).
+
+    Raises:
+        CheckpointError: fingerprints or precision modes differ and
+            ``checkpoint.allow_quant_change`` is false; the message names both fingerprints and
+            the differing QuantConfig fields.
+    """
+    mine = job.precision.quant.fingerprint()
+    problems = []
+    if meta.quant_fingerprint != mine:
+        fields = ", ".join(meta.quant.differing_fields(job.precision.quant)) or "unknown"
+        problems.append(
+            f"quant fingerprint {meta.quant_fingerprint} (checkpoint) != {mine} (this spec); "
+            f"differing precision.quant fields: {fields}"
+        )
+    if meta.precision_mode != job.precision.mode:
+        problems.append(
+            f"precision.mode {meta.precision_mode} (checkpoint) != {job.precision.mode} (this spec)"
+        )
+    if not problems:
+        return
+    if job.checkpoint.allow_quant_change:
+        log.warning("resuming %s under a changed quant contract: %s", path, "; ".join(problems))
+        return
+    raise CheckpointError(
+        f"checkpoint {path} was written under another quant contract: "
+        + "; ".join(problems)
+        + ". Set checkpoint.allow_quant_change=true to resume anyway (weights are re-quantized "
+        "with this spec's QuantConfig), or checkpoint.resume=never to start over."
+    )
+
+
 def step_of(path: Path) -> int | None:
     """N for a ``step_<N>`` directory name, else None."""
     digits = path.name.removeprefix("step_")
@@ -227,8 +269,10 @@ __all__ = [
     "FORMAT_VERSION",
     "LATEST",
     "META",
+    "CheckpointError",
     "CheckpointMeta",
     "Skipped",
+    "check_compatible",
     "checkpoint_steps",
     "latest_checkpoint",
     "prune_checkpoints",
