@@ -157,9 +157,9 @@ class SGLangRolloutWorker(RolloutBackend):
         (self._dir / "config.json").write_text(
             json.dumps(engine_config(self.config, self.layer_precision, self.slots))
         )
-        probe = self._dir / "probe"
-        probe.mkdir()
-        os.environ[PROBE_DIR_ENV] = str(probe)  # SGLang's scheduler processes inherit it
+        self.probe_dir = self._dir / "probe"
+        self.probe_dir.mkdir()
+        os.environ[PROBE_DIR_ENV] = str(self.probe_dir)  # SGLang's scheduler processes inherit it
         kwargs = server_args(
             self.spec,
             model_dir=str(self._dir),
@@ -231,6 +231,9 @@ class SGLangRolloutWorker(RolloutBackend):
         if not ok:
             return f"begin_weight_update (KV-scale probe): {message}"
         probe = [(p, torch.zeros(())) for p in expected]
+        os.environ[PROBE_DIR_ENV] = str(self.probe_dir)  # an in-process (fake) engine reads it now
+        for old in self.probe_dir.glob("*.json"):
+            old.unlink()
         ok, message = self.engine.update_weights_from_tensor(probe, load_format=PROBE_LOADER)
         ended, end_message = self.engine.end_weight_update()
         if not (ok and ended):
@@ -238,7 +241,10 @@ class SGLangRolloutWorker(RolloutBackend):
         ranks = max(1, self.spec.tensor_parallel_size)
         problems = []
         for rank in range(ranks):
-            seen = json.loads(probe_file(os.environ[PROBE_DIR_ENV], rank).read_text())
+            path = probe_file(self.probe_dir, rank)
+            if not path.exists():
+                return f"KV-scale probe: TP rank {rank} wrote nothing to {path}"
+            seen = json.loads(path.read_text())
             problems += [
                 f"{p}: SGLang holds {seen.get(p)}, fp8rl sent {v}"
                 + (" (SGLang's default: the scale was not loaded)" if seen.get(p) == 1.0 else "")
