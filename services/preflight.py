@@ -108,7 +108,7 @@ def local_problems(job: JobSpec) -> list[str]:
     ):
         out.append(
             "rollout.backend: sglang is not installed here; run the SGLang image "
-            "(deploy/Dockerfile target sglang) or its runtime_env (docs/sglang.md)"
+            "(deploy/Dockerfile.sglang, docs/sglang.md)"
         )
     from fp8rl.workers.reward.functions import resolve_reward_fn
 

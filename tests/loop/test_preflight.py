@@ -31,7 +31,7 @@ def test_sglang_backend_refuses_exact_mode_and_a_missing_sglang(monkeypatch):
         problems = _problems("rollout.backend=sglang", "model.path=random:tiny-llama")
         assert problems == [
             "rollout.backend: sglang is not installed here; run the SGLang image "
-            "(deploy/Dockerfile target sglang) or its runtime_env (docs/sglang.md)"
+            "(deploy/Dockerfile.sglang, docs/sglang.md)"
         ]
 
 
