@@ -67,11 +67,14 @@ def test_block_check_names_each_layer_and_the_fix():
     assert len(problems) == 2 * TINY.num_hidden_layers  # k and v of each block
 
 
-def test_tensor_parallel_splits_count_per_rank():
+def test_tensor_parallel_splits_count_per_rank(tmp_path):
     wide = replace(TINY, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512)
     precision = _precision(["embed_tokens", "lm_head"])
     assert block_fp8_problems(wide, precision, tp=1) == []
+    _fake(tmp_path, precision, config=wide)
     assert any("per TP rank" in p for p in block_fp8_problems(wide, precision, tp=2))
+    with pytest.raises(ValueError, match="output_partition_size = 64 is not divisible"):
+        _fake(tmp_path, precision, config=wide, tensor_parallel_size=2)
 
 
 def test_fake_refuses_updates_outside_a_session(tmp_path):

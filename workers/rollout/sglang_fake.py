@@ -79,7 +79,7 @@ class FakeSGLangEngine:
         self.config = config_from_hf(hf)
         self.fp8 = _fp8_config(hf, kwargs.get("quantization"))
         ignored = (self.fp8 or {}).get("modules_to_not_convert") or []
-        self.ignored = _check_fused(self.config, ignored, self.fp8)
+        self.ignored = _check_fused(self.config, ignored, self.fp8, kwargs.get("tp_size", 1))
         self.kv_fp8 = kwargs.get("kv_cache_dtype", "auto") == "fp8_e4m3"
         precision = LayerPrecision(
             dtype=getattr(torch, kwargs.get("dtype", "bfloat16")),
@@ -338,7 +338,7 @@ def _fp8_config(hf: dict[str, Any], quantization: str | None) -> dict[str, Any] 
     return quant
 
 
-def _check_fused(config, ignored: list[str], fp8: dict[str, Any] | None) -> list[str]:
+def _check_fused(config, ignored: list[str], fp8: dict[str, Any] | None, tp: int) -> list[str]:
     """``is_layer_skipped`` for fused layers and ``validate_block_quant_shapes``; returns the
     dense modules (unfused names)."""
     if fp8 is None:
@@ -365,9 +365,9 @@ def _check_fused(config, ignored: list[str], fp8: dict[str, Any] | None) -> list
                 )
             if not skipped.pop():
                 for s in shards:
-                    if sizes[s] % block_n:
+                    if (sizes[s] // tp) % block_n:
                         raise ValueError(
-                            f"Weight output_partition_size = {sizes[s]} is not divisible by "
+                            f"Weight output_partition_size = {sizes[s] // tp} is not divisible by "
                             f"weight quantization block_n = {block_n}."
                         )
     return list(ignored)
