@@ -1,14 +1,16 @@
-"""RolloutBackend contract tests every engine passes: here the native engine and the SGLang
-backend on the fake engine (the vLLM engine runs the same checks in tests/vllm_backend)."""
+"""RolloutBackend contract tests every engine passes: the native engine, the vLLM engine (when
+vLLM is installed) and the SGLang backend on the fake engine."""
 
 from __future__ import annotations
+
+import importlib.util
 
 import pytest
 from sglang_helpers import make_engine, make_trainer, request, samples, sync, tiny_job
 
 from fp8rl.workers.weight_sync.update import WeightUpdateRefused
 
-BACKENDS = ["native", "sglang-fake"]
+BACKENDS = ["native", pytest.param("vllm", marks=pytest.mark.vllm), "sglang-fake"]
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -20,6 +22,13 @@ def pair(request):
 
             job = tiny_job("rollout.backend=native")
             engine = RolloutWorker(job.model, job.rollout, job.precision, device="cpu", seed=1)
+        elif request.param == "vllm":
+            if importlib.util.find_spec("vllm") is None:
+                pytest.skip("vLLM is not installed (pip install '.[vllm]')")
+            from fp8rl.workers.rollout.vllm import VLLMRolloutWorker
+
+            job = tiny_job("rollout.backend=vllm")
+            engine = VLLMRolloutWorker(job.model, job.rollout, job.precision, device="cpu", seed=1)
         else:
             job = tiny_job()
             engine = make_engine(job, mp)
