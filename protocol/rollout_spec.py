@@ -68,16 +68,27 @@ class VLLMRollout(_RolloutCommon):
 
 
 class SGLangRollout(_RolloutCommon):
-    """SGLang's engine (planned; refused at start until implemented)."""
+    """SGLang's offline ``Engine`` (block-FP8 ``quantization: fp8``, SGLang's own kernels).
+
+    Tested against the SGLang 0.5.23 API contract and a fake engine only (docs/sglang.md).
+    """
 
     backend: Literal["sglang"] = "sglang"
     """Discriminator: SGLang."""
 
     tensor_parallel_size: int = Field(default=1, ge=1)
-    """SGLang tensor-parallel size per engine."""
+    """SGLang tensor-parallel size per engine (``tp_size``)."""
 
     mem_fraction_static: float = Field(default=0.5, gt=0, le=1)
     """Fraction of device memory for weights + KV cache."""
+
+    enable_memory_saver: bool = False
+    """Start SGLang with its memory saver, so ``release_memory``/``resume_memory`` free and
+    restore weights, KV cache and CUDA graphs around training on a shared GPU (colocated)."""
+
+    weight_bucket_mb: int = Field(default=512, ge=1)
+    """Largest ``update_weights_from_tensor`` call of a weight update, in MiB (tensors are
+    grouped into buckets up to this size; a larger single tensor goes alone)."""
 
 
 RolloutSpec = tagged_union("backend", "native", NativeRollout, VLLMRollout, SGLangRollout)

@@ -9,6 +9,7 @@ Each problem is one ``dotted.path: reason`` line (raised together as ``SpecError
 from __future__ import annotations
 
 import importlib.util
+import os
 import string
 from pathlib import Path
 
@@ -37,8 +38,11 @@ def unsupported(job: JobSpec) -> list[str]:
     out = []
     if job.trainer.backend == "megatron":
         out.append("trainer.backend: megatron is not implemented yet; use native")
-    if job.rollout.backend == "sglang":
-        out.append("rollout.backend: sglang is not implemented yet; use native or vllm")
+    if job.rollout.backend == "sglang" and job.precision.exact:
+        out.append(
+            "precision.exact: true needs fp8rl's batch-invariant kernels; rollout.backend: sglang "
+            "runs SGLang's own (same FP8 codes, different kernels): set precision.exact: false"
+        )
     if job.trainer.num_workers > 1:
         out.append(
             f"trainer.num_workers: {job.trainer.num_workers} trainer actors (data-parallel training) "
@@ -96,6 +100,15 @@ def local_problems(job: JobSpec) -> list[str]:
         out.append(
             "rollout.backend: vllm is not installed here; install the extra "
             "(FP8RL_EXTRAS=dev,vllm bash deploy/setup.sh, or pip install '.[vllm]')"
+        )
+    if (
+        job.rollout.backend == "sglang"
+        and importlib.util.find_spec("sglang") is None
+        and os.environ.get("FP8RL_SGLANG_ENGINE") != "fake"
+    ):
+        out.append(
+            "rollout.backend: sglang is not installed here; run the SGLang image "
+            "(deploy/Dockerfile.sglang, docs/sglang.md)"
         )
     from fp8rl.workers.reward.functions import resolve_reward_fn
 

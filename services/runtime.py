@@ -271,7 +271,11 @@ def _rollout_actor(job: JobSpec) -> Any:
         from fp8rl.workers.rollout.vllm import VLLMRolloutWorker
 
         return ray.remote(VLLMRolloutWorker)
-    raise ValueError(f"rollout.backend={job.rollout.backend} is not implemented yet (native, vllm)")
+    if job.rollout.backend == "sglang":
+        from fp8rl.workers.rollout.sglang import SGLangRolloutWorker
+
+        return ray.remote(SGLangRolloutWorker)
+    raise ValueError(f"rollout.backend={job.rollout.backend} is not implemented")
 
 
 def sync_weights(workers: Workers, *, include_reference: bool = False) -> int:

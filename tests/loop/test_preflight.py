@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 
@@ -18,14 +19,20 @@ def _problems(*overrides: str, local: bool = True) -> list[str]:
 
 
 def test_unimplemented_backends_are_refused_naming_each_field():
-    problems = _problems(
-        "trainer.backend=megatron", "rollout.backend=sglang", "trainer.num_workers=2", local=False
-    )
-    assert [p.split(":")[0] for p in problems] == [
-        "trainer.backend",
-        "rollout.backend",
-        "trainer.num_workers",
-    ]
+    problems = _problems("trainer.backend=megatron", "trainer.num_workers=2", local=False)
+    assert [p.split(":")[0] for p in problems] == ["trainer.backend", "trainer.num_workers"]
+
+
+def test_sglang_backend_refuses_exact_mode_and_a_missing_sglang(monkeypatch):
+    monkeypatch.delenv("FP8RL_SGLANG_ENGINE", raising=False)
+    (problem,) = _problems("rollout.backend=sglang", "precision.exact=true", local=False)
+    assert problem.startswith("precision.exact: true needs fp8rl's batch-invariant kernels")
+    if importlib.util.find_spec("sglang") is None:
+        problems = _problems("rollout.backend=sglang", "model.path=random:tiny-llama")
+        assert problems == [
+            "rollout.backend: sglang is not installed here; run the SGLang image "
+            "(deploy/Dockerfile.sglang, docs/sglang.md)"
+        ]
 
 
 def test_template_without_question_or_with_bad_braces_is_refused():
