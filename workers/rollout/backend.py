@@ -42,15 +42,15 @@ class RolloutBackend(ABC):
     def current_version(self) -> int:
         """Policy version of the weights held (0 before the first update)."""
 
-    def release_memory(self) -> None:  # noqa: B027 - optional hook, default no-op
+    def release_memory(self) -> None:
         """Free the KV cache (and, where the backend can, weights) while the trainer runs on a
         shared GPU. Default: nothing to release."""
         return None
 
-    def resume_memory(self) -> None:  # noqa: B027 - optional hook, default no-op
+    def resume_memory(self) -> None:
         """Re-allocate what ``release_memory`` freed before the next ``generate``."""
         return None
 
-    def close(self) -> None:  # noqa: B027 - optional hook, default no-op
+    def close(self) -> None:
         """Release the engine's processes and memory; the actor may then be killed."""
         return None
