@@ -31,9 +31,12 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fp8rl.protocol import JobSpec
-from fp8rl.workers.model.config import PRESETS, DecoderConfig, config_from_hf
+
+if TYPE_CHECKING:  # the model package imports torch; `fp8rl validate` stays light without it
+    from fp8rl.workers.model.config import DecoderConfig
 
 GIB = 1024**3
 LOGPROB_CHUNK_TOKENS = 2048
@@ -45,17 +48,17 @@ FORWARD_BYTES_PER_LOGIT = 10
 RUNTIME_GIB = 1.0
 """CUDA context, NCCL buffers and allocator slack of one actor on a GPU."""
 
-SMOLLM2_135M = DecoderConfig(
-    vocab_size=49152,
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    head_dim=64,
-    tie_word_embeddings=True,
-)
-"""Shape of ``builtin:smollm2-135m-instruct`` (no conversion of the GGUF needed to know it)."""
+SMOLLM2_135M = {
+    "vocab_size": 49152,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "tie_word_embeddings": True,
+}
+"""DecoderConfig fields of ``builtin:smollm2-135m-instruct`` (known without converting the GGUF)."""
 
 
 @dataclass(frozen=True)
@@ -104,21 +107,23 @@ def param_counts(cfg: DecoderConfig) -> ParamCounts:
     )
 
 
-def model_shape(path: str) -> DecoderConfig | None:
+def model_shape(path: str, *, read_config: bool = True) -> DecoderConfig | None:
     """The architecture ``model.path`` names, without loading weights, or None when unknown.
 
     Order: ``random:PRESET``; ``builtin:smollm2-135m-instruct``; a readable ``config.json`` (a
-    Hugging Face directory on this machine); else a preset whose name the path's last component
+    Hugging Face directory on this machine, when ``read_config``); else a preset whose name the path's last component
     contains (``/data/models/Llama-3.1-8B-Instruct`` → ``llama-3.1-8b``), so a spec for a cluster
     can be planned where its files are not.
     """
+    from fp8rl.workers.model.config import PRESETS, DecoderConfig, config_from_hf
+
     kind, _, name = path.partition(":")
     if kind == "random":
         return PRESETS.get(name)
     if kind == "builtin":
-        return SMOLLM2_135M
+        return DecoderConfig(**SMOLLM2_135M)
     config = Path(path).expanduser() / "config.json"
-    if config.is_file():
+    if read_config and config.is_file():
         try:
             return config_from_hf(json.loads(config.read_text()))
         except (OSError, ValueError):
@@ -128,6 +133,8 @@ def model_shape(path: str) -> DecoderConfig | None:
 
 def preset_for_name(name: str) -> DecoderConfig | None:
     """The full-size preset whose name ``name`` contains, ignoring case and ``-``/``.``/``_``."""
+    from fp8rl.workers.model.config import PRESETS
+
     squeeze = re.sub(r"[-._]", "", name.lower())
     for preset, cfg in PRESETS.items():
         if not preset.startswith(("tiny", "small")) and re.sub(r"[-._]", "", preset) in squeeze:

@@ -92,8 +92,11 @@ class PlacementPlan:
         return gpu // self.gpus_per_node
 
 
-def plan_placement(job: JobSpec) -> PlacementPlan:
+def plan_placement(job: JobSpec, *, read_config: bool = True) -> PlacementPlan:
     """The placement and memory plan of ``job`` against the cluster its ``resources`` declare.
+
+    ``read_config``: the model's shape may come from its ``config.json`` on this machine (the
+    REST API passes False: it never reads paths from request input).
 
     Never raises for a bad layout: every reason it cannot run is one ``field: reason`` line in
     ``problems`` (``placement_problems`` hands them to preflight).
@@ -122,7 +125,7 @@ def plan_placement(job: JobSpec) -> PlacementPlan:
             f"{res.placement}); num_nodes × gpus_per_node = {res.num_nodes} × "
             f"{res.gpus_per_node} = {total}"
         )
-    _estimate(plan, job)
+    _estimate(plan, job, read_config=read_config)
     return plan
 
 
@@ -191,8 +194,8 @@ def _aligned(first: int, width: int, per_node: int) -> int:
     return first
 
 
-def _estimate(plan: PlacementPlan, job: JobSpec) -> None:
-    cfg = model_shape(job.model.path)
+def _estimate(plan: PlacementPlan, job: JobSpec, *, read_config: bool) -> None:
+    cfg = model_shape(job.model.path, read_config=read_config)
     if cfg is None:
         plan.notes.append(
             f"model.path: the shape of {job.model.path} is unknown here (no config.json, no "
@@ -215,9 +218,9 @@ def _estimate(plan: PlacementPlan, job: JobSpec) -> None:
             )
 
 
-def placement_problems(job: JobSpec) -> list[str]:
+def placement_problems(job: JobSpec, *, local: bool = True) -> list[str]:
     """``field: reason`` lines for everything the placement plan of ``job`` cannot do."""
-    return plan_placement(job).problems
+    return plan_placement(job, read_config=local).problems
 
 
 def bundle_order(bundle_nodes: list[str]) -> list[int]:
