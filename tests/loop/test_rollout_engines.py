@@ -4,7 +4,6 @@ count or the batch), least-loaded dispatch, one policy version per batch."""
 from __future__ import annotations
 
 import pytest
-import ray
 import torch
 from tiny import tiny_job
 
