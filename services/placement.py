@@ -278,31 +278,45 @@ class RayPlacement:
         self.order = bundle_order(nodes)
 
     def options(self, role: str, index: int) -> dict:
-        """Ray actor options of one actor: scheduled into its first GPU's bundle with the GPU's
-        share, or, for a multi-GPU engine (vLLM tensor parallelism), with ``num_gpus=0`` and the
-        bundle indices vLLM's own Ray workers take (``VLLM_RAY_BUNDLE_INDICES``)."""
+        """Ray actor options of one actor: scheduled into its first GPU's bundle with that GPU's
+        share. A multi-GPU engine (vLLM tensor parallelism, whose ``mp`` executor starts one
+        process per GPU) instead asks ``num_gpus=0`` and sees exactly its bundles' devices:
+        ``CUDA_VISIBLE_DEVICES`` set from ``bundle_gpu_ids``, which Ray is told not to override."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         gpus = self.plan.gpus_of(role, index)
-        strategy = PlacementGroupSchedulingStrategy(
-            placement_group=self.group,
-            placement_group_bundle_index=self.order[gpus[0]],
-            placement_group_capture_child_tasks=True,
-        )
         opts: dict[str, Any] = {
-            "scheduling_strategy": strategy,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=self.group,
+                placement_group_bundle_index=self.order[gpus[0]],
+                placement_group_capture_child_tasks=True,
+            ),
             "num_cpus": self.plan.cpus_per_worker,
             "num_gpus": self.plan.gpu_share(gpus[0]),
         }
         if len(gpus) > 1:
             opts["num_gpus"] = 0
+            devices = ",".join(self.bundle_gpu_ids(g) for g in gpus)
             opts["runtime_env"] = {
                 "env_vars": {
-                    "VLLM_RAY_BUNDLE_INDICES": ",".join(str(self.order[g]) for g in gpus),
-                    "VLLM_RAY_PER_WORKER_GPUS": str(min(self.plan.gpu_share(g) for g in gpus)),
+                    "CUDA_VISIBLE_DEVICES": devices,
+                    "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
                 }
             }
         return opts
+
+    def bundle_gpu_ids(self, gpu: int) -> str:
+        """The device id Ray gave the bundle of plan GPU ``gpu`` (a probe task in that bundle)."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        strategy = PlacementGroupSchedulingStrategy(
+            placement_group=self.group, placement_group_bundle_index=self.order[gpu]
+        )
+        probe = ray.remote(_gpu_ids).options(
+            num_cpus=0, num_gpus=self.plan.gpu_share(gpu) / 2, scheduling_strategy=strategy
+        )
+        return ",".join(ray.get(probe.remote()))
 
     def remove(self) -> None:
         """Release the placement group (its actors must be gone or will be killed)."""
@@ -310,3 +324,9 @@ class RayPlacement:
 
         with suppress(Exception):  # already removed, or Ray shut down first
             remove_placement_group(self.group)
+
+
+def _gpu_ids() -> list[str]:
+    import ray
+
+    return [str(g) for g in ray.get_gpu_ids()]

@@ -3,6 +3,7 @@ device, fractional shares, and the group is released at the end."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -16,6 +17,9 @@ from fp8rl.services.placement import RayPlacement, actor_options, plan_placement
 class _Probe:
     def gpu_ids(self) -> list[str]:
         return [str(g) for g in ray.get_gpu_ids()]
+
+    def visible(self) -> str:
+        return os.environ.get("CUDA_VISIBLE_DEVICES", "")
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +59,34 @@ def test_actors_land_on_their_plan_gpus_with_fractional_shares(two_gpu_ray):
     while ray.available_resources().get("GPU", 0) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert ray.available_resources().get("GPU", 0) == pytest.approx(2.0)
+
+
+@pytest.mark.slow
+def test_a_tensor_parallel_engine_sees_exactly_the_devices_of_its_bundles(two_gpu_ray):
+    job = parse_job_spec(
+        "",
+        [
+            "resources.device=cuda",
+            "resources.gpus_per_node=2",
+            "resources.cpus_per_worker=0.5",
+            "trainer.gpus_per_worker=1",
+            "rollout.backend=vllm",
+            "rollout.tensor_parallel_size=2",
+            "rollout.gpus_per_worker=2",
+        ],
+    )
+    plan = plan_placement(job)
+    assert plan.gpus_of("rollout", 0) == (0, 1)
+    placement = RayPlacement(plan, timeout_s=60)
+    try:
+        trainer = _Probe.options(**actor_options(plan, "trainer", 0, placement)).remote()
+        engine_opts = actor_options(plan, "rollout", 0, placement)
+        assert engine_opts["num_gpus"] == 0
+        engine = _Probe.options(**engine_opts).remote()
+        (trainer_gpu,) = ray.get(trainer.gpu_ids.remote())
+        visible = ray.get(engine.visible.remote()).split(",")
+        assert sorted(visible) == ["0", "1"] and visible[0] == trainer_gpu
+        for actor in (trainer, engine):
+            ray.kill(actor)
+    finally:
+        placement.remove()
