@@ -251,11 +251,7 @@ def setup_transport(workers: Workers, job: JobSpec, reports: list[Handshake]) ->
     name = job.resources.weight_transport
     on_gpu = any(r.device.startswith("cuda") for r in reports if r.role in ("trainer", "rollout"))
     if name == "auto":
-        plan = workers.plan or plan_placement(job)
-        same_gpu = all(
-            plan.same_gpu(("trainer", 0), ("rollout", i)) for i in range(len(workers.rollout))
-        )
-        name = "object_store" if not on_gpu else ("cuda_ipc" if same_gpu else "nccl")
+        name = auto_transport(workers.plan or plan_placement(job), len(workers.rollout), on_gpu)
     if name == "object_store":
         return name
     if name == "cuda_ipc":
@@ -278,6 +274,15 @@ def setup_transport(workers: Workers, job: JobSpec, reports: list[Handshake]) ->
         ]
     )
     return name
+
+
+def auto_transport(plan: PlacementPlan, num_engines: int, on_gpu: bool) -> str:
+    """``resources.weight_transport: auto``: ``object_store`` on CPU, ``cuda_ipc`` when every
+    engine shares trainer rank 0's GPU (IPC handles only open on the same device), else ``nccl``."""
+    if not on_gpu:
+        return "object_store"
+    same = all(plan.same_gpu(("trainer", 0), ("rollout", i)) for i in range(num_engines))
+    return "cuda_ipc" if same else "nccl"
 
 
 def _rollout_actor(job: JobSpec) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,8 +10,9 @@ from typer.testing import CliRunner
 
 from fp8rl.protocol import load_job_spec
 from fp8rl.services.cli import app
-from fp8rl.services.memory_estimate import GIB, param_counts, trainer_memory
+from fp8rl.services.memory_estimate import GIB, model_shape, param_counts, trainer_memory
 from fp8rl.services.placement import actor_options, bundle_order, plan_placement
+from fp8rl.services.runtime import auto_transport
 from fp8rl.workers.model.config import PRESETS
 
 HERE = Path(__file__).parent
@@ -115,3 +117,31 @@ def test_plan_memory_of_the_oversubscribed_spec_is_over_the_declared_gpu():
         load_job_spec(HERE / "oversubscribed.yaml", ["trainer.offload=optimizer"])
     )
     assert fixed.fits and fixed.gpu_bytes(0) < 141 * GIB
+
+
+def test_auto_transport_uses_cuda_ipc_only_when_every_engine_shares_the_trainer_gpu():
+    one_gpu = plan_placement(load_job_spec(HERE / "oversubscribed.yaml"))
+    eight = plan_placement(load_job_spec(LLAMA_8GPU))
+    assert auto_transport(one_gpu, 1, on_gpu=True) == "cuda_ipc"
+    assert auto_transport(eight, 8, on_gpu=True) == "nccl"  # engines 1-7 are on other GPUs
+    assert auto_transport(eight, 8, on_gpu=False) == "object_store"
+
+
+def test_the_api_path_never_reads_a_config_json_from_request_input(tmp_path):
+    model = tmp_path / "my-model"
+    model.mkdir()
+    hf = {
+        "model_type": "llama",
+        "vocab_size": 1000,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    }
+    (model / "config.json").write_text(json.dumps(hf))
+    assert model_shape(str(model)).hidden_size == 64
+    assert model_shape(str(model), read_config=False) is None
+    assert (
+        model_shape("/data/models/Qwen2.5-7B-Instruct", read_config=False) == PRESETS["qwen2.5-7b"]
+    )
