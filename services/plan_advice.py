@@ -16,8 +16,8 @@ def peak_gib(plan: PlacementPlan) -> float:
     return max((plan.gpu_bytes(g) for g in plan.used_gpus), default=0.0) / GIB
 
 
-def candidate_overrides(job: JobSpec) -> list[str]:
-    """Changes worth trying for ``job``, as ``dotted.field=value`` overrides."""
+def candidate_overrides(job: JobSpec, plan: PlacementPlan) -> list[str]:
+    """Changes worth trying for ``job`` (whose plan is ``plan``), as ``dotted.field=value``."""
     t, r, res = job.trainer, job.rollout, job.resources
     total = res.num_nodes * res.gpus_per_node
     out = []
@@ -34,7 +34,7 @@ def candidate_overrides(job: JobSpec) -> list[str]:
         out.append(f"trainer.micro_batch_size={max(1, t.micro_batch_size // 2)}")
     if r.backend == "vllm" and r.gpu_memory_utilization > 0.2:
         out.append(f"rollout.gpu_memory_utilization={round(r.gpu_memory_utilization - 0.1, 2)}")
-    needed = max((g for g in plan_placement(job).used_gpus), default=-1) + 1
+    needed = max(plan.used_gpus, default=-1) + 1
     if needed > total:
         out.append(f"resources.num_nodes={-(-needed // res.gpus_per_node)}")
     return out
@@ -49,7 +49,7 @@ def advise(
     if before.fits:
         return []
     lines = []
-    for override in candidate_overrides(job):
+    for override in candidate_overrides(job, before):
         data = job.model_dump(mode="json")
         try:
             apply_override(data, override)

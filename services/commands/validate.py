@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 import yaml
 
-from fp8rl.protocol import SpecError
+from fp8rl.protocol import JobSpec, SpecError
 from fp8rl.services.commands.common import fail, read_spec
 from fp8rl.services.preflight import preflight
 from fp8rl.services.spec_warnings import spec_warnings
@@ -50,7 +50,7 @@ def validate(
         preflight(job, local=local)
     except SpecError as exc:
         message = str(exc).replace("invalid job spec", f"{spec} cannot run", 1)
-        raise fail(message + _advice(job)) from None
+        raise fail(message + _advice(job, local=local)) from None
     if plan:
         typer.echo("# the plan fits")
         return
@@ -59,15 +59,15 @@ def validate(
     typer.echo(f"# quant fingerprint: {job.precision.quant.fingerprint()}")
 
 
-def _advice(job) -> str:
+def _advice(job: JobSpec, *, local: bool) -> str:
+    """Single changes that make the placement fit (``services.plan_advice``), as text lines."""
+    from fp8rl.services.placement import plan_placement
     from fp8rl.services.plan_advice import advise
 
-    lines = advise(job)
-    return (
-        "".join(["\nchanges that help (one at a time):", *(f"\n  {a}" for a in lines)])
-        if lines
-        else ""
-    )
+    lines = advise(job, planner=lambda j: plan_placement(j, read_config=local))
+    if not lines:
+        return ""
+    return "".join(["\nchanges that help (one at a time):", *(f"\n  {a}" for a in lines)])
 
 
 def register(app: typer.Typer) -> None:
