@@ -12,6 +12,7 @@ from fp8rl.protocol import load_job_spec
 from fp8rl.services.cli import app
 from fp8rl.services.memory_estimate import GIB, model_shape, param_counts, trainer_memory
 from fp8rl.services.placement import actor_options, bundle_order, plan_placement
+from fp8rl.services.plan_advice import advise
 from fp8rl.services.runtime import auto_transport
 from fp8rl.workers.model.config import PRESETS
 
@@ -145,3 +146,10 @@ def test_the_api_path_never_reads_a_config_json_from_request_input(tmp_path):
     assert (
         model_shape("/data/models/Qwen2.5-7B-Instruct", read_config=False) == PRESETS["qwen2.5-7b"]
     )
+
+
+def test_advice_for_one_trainer_rank_on_eight_gpus_is_to_shard_over_all_eight():
+    lines = advise(load_job_spec(LLAMA_8GPU, ["trainer.num_workers=1"]))
+    (shard,) = [line for line in lines if line.startswith("trainer.num_workers=8:")]
+    assert shard.endswith("(fits)")
+    assert advise(load_job_spec(LLAMA_8GPU)) == []  # nothing to advise for a plan that fits
