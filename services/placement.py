@@ -154,6 +154,11 @@ def _shape_problems(job: JobSpec, roles: dict[str, tuple[int, int]]) -> list[str
             )
     tp = getattr(job.rollout, "tensor_parallel_size", None)
     gpus = job.rollout.gpus_per_worker
+    if tp is None and gpus > 1:
+        out.append(
+            f"rollout.gpus_per_worker: {gpus}; the native engine runs on one GPU (use "
+            "rollout.num_workers for more engines)"
+        )
     if tp is not None and gpus and gpus != tp:
         out.append(
             f"rollout.gpus_per_worker: {gpus}, but rollout.tensor_parallel_size is {tp}; "

@@ -153,3 +153,25 @@ def test_advice_for_one_trainer_rank_on_eight_gpus_is_to_shard_over_all_eight():
     (shard,) = [line for line in lines if line.startswith("trainer.num_workers=8:")]
     assert shard.endswith("(fits)")
     assert advise(load_job_spec(LLAMA_8GPU)) == []  # nothing to advise for a plan that fits
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (
+            ["trainer.gpus_per_worker=2"],
+            "trainer.gpus_per_worker: 2; each trainer rank holds one GPU",
+        ),
+        (
+            ["rollout.gpus_per_worker=2"],
+            "rollout.gpus_per_worker: 2; the native engine runs on one",
+        ),
+        (
+            ["rollout.backend=vllm", "rollout.gpus_per_worker=2"],
+            "rollout.gpus_per_worker: 2, but rollout.tensor_parallel_size is 1",
+        ),
+    ],
+)
+def test_actor_shapes_the_runtime_cannot_place_are_problems_naming_the_field(overrides, field):
+    job = load_job_spec(JOBS / "quickstart.yaml", ["resources.device=cuda", *overrides])
+    assert any(p.startswith(field) for p in plan_placement(job).problems)
