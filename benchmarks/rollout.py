@@ -12,6 +12,7 @@ KV for the average context length of the run. Prints a table; ``--out`` writes J
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import time
@@ -45,15 +46,18 @@ def kv_bytes_per_token(cfg: DecoderConfig, kv_fp8: bool) -> float:
     return 2 * cfg.num_key_value_heads * cfg.head_dim * (1 if kv_fp8 else 2) * cfg.num_hidden_layers
 
 
-def build(cfg: DecoderConfig, mode: str, max_positions: int, device: str):
+def build(
+    cfg: DecoderConfig, mode: str, max_positions: int, device: str, *, kv_fp8: bool, exact: bool
+):
     precision = LayerPrecision(
         dtype=torch.bfloat16,
         fp8=mode != "bf16",
         quant=QuantConfig() if mode != "bf16" else None,
-        exact=False,
+        exact=exact,
         trainable=False,
+        kv_fp8=kv_fp8,
     )
-    return build_decoder(
+    model = build_decoder(
         cfg,
         precision,
         state_dict=None,
@@ -61,6 +65,11 @@ def build(cfg: DecoderConfig, mode: str, max_positions: int, device: str):
         param_dtype=torch.bfloat16,
         device=device,
     )
+    if kv_fp8:  # speed only: any calibrated scale will do (random weights)
+        for layer in model.model.layers:
+            layer.self_attn.k_scale.fill_(0.05)
+            layer.self_attn.v_scale.fill_(0.05)
+    return model
 
 
 def sync(device: str) -> None:
@@ -73,7 +82,14 @@ def prefill_tokens_per_s(model, cfg, batch: int, prompt: int, device: str) -> fl
     ids = torch.randint(0, cfg.vocab_size, (batch, prompt), device=device)
     pos = torch.arange(prompt, device=device).expand(batch, prompt)
     lens = torch.full((batch,), prompt, device=device)
-    cache = KVCache.allocate(cfg, batch=batch, capacity=prompt, dtype=torch.bfloat16, device=device)
+    cache = KVCache.allocate(
+        cfg,
+        batch=batch,
+        capacity=prompt,
+        dtype=torch.bfloat16,
+        device=device,
+        kv_fp8=model.precision.kv_fp8,
+    )
     model(ids, pos, lens, cache)  # warm-up
     sync(device)
     t0 = time.perf_counter()
@@ -109,17 +125,27 @@ def main() -> None:
     parser.add_argument(
         "--graphs", nargs="+", default=["on", "off"], help="CUDA graphs on and/or off"
     )
+    parser.add_argument("--layers", type=int, help="override num_hidden_layers (e.g. 8)")
+    parser.add_argument("--kv", nargs="+", default=["bf16"], choices=["bf16", "fp8"])
+    parser.add_argument("--exact", action="store_true", help="precision.exact (bitwise mode)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--tag", help="file name stem under --out (default rollout)")
     args = parser.parse_args()
     cfg = PRESETS[args.preset]
+    if args.layers:
+        cfg = dataclasses.replace(cfg, num_hidden_layers=args.layers)
     rows = []
-    for mode in args.modes:
-        model = build(cfg, mode, args.prompt + args.gen + 8, args.device)
+    runs = [(m, kv) for m in args.modes for kv in args.kv if not (m == "bf16" and kv == "fp8")]
+    for mode, kv in runs:
+        kv_fp8 = kv == "fp8"
+        model = build(
+            cfg, mode, args.prompt + args.gen + 8, args.device, kv_fp8=kv_fp8, exact=args.exact
+        )
         for batch in args.batch:
             prefill = prefill_tokens_per_s(model, cfg, batch, args.prompt, args.device)
             ctx = args.prompt + args.gen / 2
-            step_bytes = weight_bytes(cfg, mode) + batch * ctx * kv_bytes_per_token(cfg, False)
+            step_bytes = weight_bytes(cfg, mode) + batch * ctx * kv_bytes_per_token(cfg, kv_fp8)
             roofline = batch / (step_bytes / HBM_BYTES_PER_S)
             for graphs in args.graphs:
                 if graphs == "on" and not args.device.startswith("cuda"):
@@ -141,6 +167,10 @@ def main() -> None:
                 rows.append(
                     {
                         "mode": mode,
+                        "kv": kv,
+                        "exact": args.exact,
+                        "gen": args.gen,
+                        "layers": cfg.num_hidden_layers,
                         "batch": batch,
                         "cuda_graphs": graphs,
                         "prefill_tok_s": prefill,
@@ -160,6 +190,7 @@ def main() -> None:
                 r
                 for r in rows
                 if r["mode"] == "bf16"
+                and r["kv"] == "bf16"
                 and r["batch"] == row["batch"]
                 and r["cuda_graphs"] == row["cuda_graphs"]
             ),
@@ -169,14 +200,15 @@ def main() -> None:
             row["decode_tok_s"] / base["decode_tok_s"] if base else float("nan")
         )
     header = (
-        f"# Rollout throughput — {args.preset} (random weights), prompt {args.prompt}, gen {args.gen}\n\n"
+        f"# Rollout throughput — {args.preset} ({cfg.num_hidden_layers} layers, random weights), "
+        f"prompt {args.prompt}, gen {args.gen}{', exact' if args.exact else ''}\n\n"
         f"{time.strftime('%Y-%m-%d')} · {torch.cuda.get_device_name() if args.device.startswith('cuda') else platform.processor()}"
         f" · torch {torch.__version__}\n\n"
-        "| mode | batch | CUDA graphs | prefill tok/s | decode tok/s | vs BF16 | roofline tok/s | % roofline |\n"
-        "|---|---|---|---|---|---|---|---|\n"
+        "| mode | KV | batch | CUDA graphs | prefill tok/s | decode tok/s | vs BF16 | roofline tok/s | % roofline |\n"
+        "|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = [
-        f"| {r['mode']} | {r['batch']} | {r['cuda_graphs']} | {r['prefill_tok_s']:,.0f} | {r['decode_tok_s']:,.0f} | "
+        f"| {r['mode']} | {r['kv']} | {r['batch']} | {r['cuda_graphs']} | {r['prefill_tok_s']:,.0f} | {r['decode_tok_s']:,.0f} | "
         f"{r['speedup_vs_bf16']:.2f}× | {r['roofline_tok_s']:,.0f} | {r['roofline_pct']:.0f}% |"
         for r in rows
     ]
@@ -184,8 +216,9 @@ def main() -> None:
     print(table)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "rollout.json").write_text(json.dumps(rows, indent=2))
-        (args.out / "rollout.md").write_text(table)
+        tag = args.tag or "rollout"
+        (args.out / f"{tag}.json").write_text(json.dumps(rows, indent=2))
+        (args.out / f"{tag}.md").write_text(table)
 
 
 if __name__ == "__main__":

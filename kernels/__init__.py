@@ -1,7 +1,9 @@
 """fp8rl.kernels: FP8 quantizers, blockwise FP8 GEMM and FP8Linear (DESIGN.md §2).
 
-Importable without Triton or CUDA (CPU CI): the Triton kernels live in ``quant_triton`` and
-``gemm_triton`` and are imported only when a CUDA tensor reaches a public wrapper.
+Importable without Triton or CUDA (CPU CI): the Triton kernels live in ``quant_triton``,
+``gemm_triton``, ``gemm_decode_triton`` (decode-size GEMM) and ``fused_triton`` (norm/SwiGLU +
+quant, public wrappers in ``fused``) and are imported only when a CUDA tensor reaches a public
+wrapper.
 """
 
 from fp8rl.kernels.backend import kernel_backend

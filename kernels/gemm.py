@@ -255,6 +255,19 @@ def _library_gemm(
         return None
 
 
+def _decode_sized(a: QuantizedTensor, b: QuantizedTensor) -> bool:
+    """Fast-path FProp shapes the decode kernel takes: 1×128 · 128×128 (weight K-contiguous) at
+    an M the tuned table (or, without a measurement, the 16 ≤ M ≤ 64 rule) gives to it."""
+    from fp8rl.kernels.gemm_decode_triton import decode_wins
+
+    return (
+        a.block == (1, GROUP)
+        and b.block == (GROUP, GROUP)
+        and b.codes.stride(-1) == 1
+        and decode_wins(a.shape[0], b.shape[0], a.shape[1])
+    )
+
+
 def fp8_gemm(
     a: QuantizedTensor, b: QuantizedTensor, *, out_dtype: torch.dtype, exact: bool = False
 ) -> Tensor:
@@ -265,7 +278,9 @@ def fp8_gemm(
         b: ``[N, K]`` with block (1,128) or (128,128) (for a 128×1 tensor pass ``q.t()``).
         out_dtype: result dtype (bfloat16/float32; the CPU emulation takes any float dtype).
         exact: batch-invariant mode: a row's result is bitwise independent of the other rows
-            (Triton, fixed tiles, no split-K on CUDA; the CPU emulation is always exact).
+            (Triton, fixed tiles, no split-K on CUDA; the CPU emulation is always exact). The
+            fast mode runs the decode-size kernel (split-K, tuned table) for small M
+            (``gemm_decode_triton.decode_wins``).
     Returns:
         ``[..., N]`` in ``out_dtype``.
     Raises:
@@ -279,7 +294,11 @@ def fp8_gemm(
     lead = a.shape[:-1]
     a2 = _flatten(a)
     out = None
-    if not exact:
+    if not exact and triton_available() and _decode_sized(a2, b):
+        from fp8rl.kernels import gemm_decode_triton
+
+        out = gemm_decode_triton.fp8_gemm_decode(a2, b, out_dtype=out_dtype)[0]
+    if out is None and not exact:
         if deepgemm_available():
             out = _library_gemm("deepgemm", a2, b, out_dtype)
         if out is None and scaled_mm_blockwise_available(device):

@@ -36,8 +36,10 @@ from fp8rl.kernels.quant import (
     per_block_quant,
     per_token_and_column_group_quant,
     per_token_group_quant,
+    raise_if_not_finite,
     requant_to_column_groups,
     scale_grid_shape,
+    should_check_finite,
 )
 
 
@@ -74,6 +76,40 @@ def _fprop(
     return y, xq
 
 
+def _decode_prologue(x: Tensor, weight: QuantizedTensor) -> bool:
+    """True when the fast path quantizes x inside the decode GEMM: CUDA + Triton and a shape the
+    tuned table measured faster that way than quantize + GEMM (``prologue_wins``)."""
+    from fp8rl.kernels.backend import triton_available
+
+    if not (x.is_cuda and triton_available()) or x.dtype not in (torch.bfloat16, torch.float32):
+        return False
+    from fp8rl.kernels.gemm_decode_triton import prologue_wins
+
+    rows = x.numel() // max(x.shape[-1], 1)
+    n, k = weight.shape
+    return weight.codes.stride(-1) == 1 and prologue_wins(rows, n, k)
+
+
+def _fprop_decode(
+    x: Tensor,
+    weight: QuantizedTensor,
+    bias: Tensor | None,
+    scale_format: ScaleFormat,
+    check_finite: bool,
+) -> Tensor:
+    """The fast inference FProp at decode sizes: 1×128 quant fused into the GEMM prologue
+    (same codes as ``per_token_group_quant``; the scales it returns feed the finiteness check)."""
+    from fp8rl.kernels.gemm_decode_triton import fp8_gemm_decode
+
+    x2 = x.reshape(-1, x.shape[-1])
+    y, scales = fp8_gemm_decode(x2, weight, out_dtype=x.dtype, scale_format=scale_format)
+    if should_check_finite(check_finite, x.device):
+        raise_if_not_finite(scales, name="linear input", what="a 1x128 row group")
+    if bias is not None:
+        y = y + bias.to(y.dtype)
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
 def fp8_linear(
     x: Tensor,
     weight: QuantizedTensor,
@@ -102,6 +138,8 @@ def fp8_linear(
     """
     _check_weight(weight, x.shape[-1])
     with torch.no_grad():
+        if not exact and _decode_prologue(x, weight):
+            return _fprop_decode(x, weight, bias, scale_format, check_finite)
         return _fprop(
             x, weight, bias, exact=exact, scale_format=scale_format, check_finite=check_finite
         )[0]

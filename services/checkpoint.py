@@ -6,15 +6,27 @@ Layout (``<run_dir>/checkpoints/``)::
       model.safetensors     master weights (trainer dtype, Hugging Face names)
       state.pt              AdamW state, LR scheduler, policy version, trainer + driver RNG
       tokenizer/            tokenizer files + chat template (so exports need no model source)
-      meta.json             CheckpointMeta: step, version, data cursor, quant fingerprint,
-                            resolved JobSpec, decoder config, the byte size of every file
-    latest                  "step_<N>": the newest complete checkpoint (written last)
+      meta.json             CheckpointMeta (the manifest): step, healthy, version, data cursor,
+                            quant fingerprint, resolved JobSpec, decoder config, and the size and
+                            sha256 of every other file in the directory
+    latest                  "step_<N>": the newest healthy checkpoint (a hint for people; the
+                            resume point is chosen by verifying, see below)
 
-Why this recipe: a checkpoint is written into ``.tmp-step_<N>-<pid>/``, every file fsynced,
-``meta.json`` last, the directory renamed into place (atomic on POSIX) and only then ``latest``
-replaced (write a temp file, fsync, ``os.replace``). A ``kill -9`` at any point therefore leaves
-either the old pointer to an old complete checkpoint or the new pointer to a new complete one;
-half-written ``.tmp-*`` directories are never pointed at and are removed at the next start.
+Why this recipe: a checkpoint is written into ``.tmp-step_<N>-<pid>/`` (by the driver, or by
+trainer ranks writing their own shard files), every file fsynced; once all writers are done every
+file in the directory is hashed (``checkpoint_verify``), ``meta.json`` is written last, the
+directory renamed into place (atomic on POSIX) and only then ``latest`` replaced (write a temp
+file, fsync, ``os.replace``). A ``kill -9`` at any point therefore leaves either the old pointer to
+an old complete checkpoint or the new pointer to a new complete one; half-written ``.tmp-*``
+directories are never pointed at and are removed at the next start.
+
+Resume (``resume: auto``) walks the checkpoints newest first and verifies each (manifest, sizes,
+sha256 of every file) before any loader touches it: one that fails is skipped with its path and
+reason (logged, so ``fp8rl run`` / ``fp8rl runs logs`` show it), and so is one marked
+``healthy: false`` (written after the run's last healthy step); the first verified healthy one is
+the resume point. Pruning never deletes that checkpoint, and damaged checkpoints do not count
+towards ``keep_last``. Unreadable or damaged data raises ``CheckpointCorruptError`` (an
+``OSError``: exit code 1, a storage fault), never the "user error" ``ValueError``.
 
 RNG: the trainer's torch RNG (CPU and CUDA) and the driver's torch/Python RNG are saved. Rollout
 engines need none: every request samples from a generator seeded with ``(seed, step, round)``
@@ -34,21 +46,36 @@ import os
 import random
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import Field
 from safetensors.torch import load_file, save_file
 
-from fp8rl.protocol import JobSpec, QuantConfig
-from fp8rl.protocol.base import StrictModel
+from fp8rl.protocol import JobSpec
+from fp8rl.services.checkpoint_manifest import (
+    CHECKPOINTS,
+    FORMAT_VERSION,
+    LATEST,
+    META,
+    CheckpointError,
+    CheckpointMeta,
+    Skipped,
+    check_compatible,
+    checkpoint_steps,
+    latest_checkpoint,
+    prune_checkpoints,
+    read_meta,
+    select_checkpoint,
+    step_of,
+    verify_checkpoint,
+    warn_skipped,
+)
+from fp8rl.services.checkpoint_verify import CheckpointCorruptError, hash_directory
 
 log = logging.getLogger(__name__)
 
-CHECKPOINTS = "checkpoints"
-LATEST = "latest"
-META = "meta.json"
 MODEL_FILE = "model.safetensors"
 STATE_FILE = "state.pt"
 TOKENIZER_DIR = "tokenizer"
@@ -68,58 +95,8 @@ TEST_DELAY_ENV = "FP8RL_TEST_CHECKPOINT_DELAY"
 """Test hook ``"STEP:SECONDS"``: saves of step_N with N >= STEP sleep mid-write (kill -9 tests)."""
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used: incomplete, missing, or from an incompatible spec."""
-
-
-class CheckpointMeta(StrictModel):
-    """``meta.json``: what a checkpoint holds and under which contract it was written."""
-
-    format_version: int = 1
-    """Layout version of the checkpoint directory."""
-
-    step: int = Field(ge=0)
-    """RL steps completed; the resumed run's first step index."""
-
-    policy_version: int = Field(ge=0)
-    """Trainer optimizer steps taken (the WeightUpdate version of these weights)."""
-
-    quant_fingerprint: str
-    """``precision.quant.fingerprint()`` of the run that wrote it."""
-
-    quant: QuantConfig
-    """The QuantConfig itself (to name differing fields on refusal)."""
-
-    precision_mode: str
-    """``precision.mode`` of the run that wrote it."""
-
-    model_path: str
-    """``model.path`` of the run (the initial weights and reference policy)."""
-
-    decoder_config: dict[str, Any]
-    """``DecoderConfig.to_dict()`` of the architecture (exports rebuild config.json from it)."""
-
-    master_dtype: str
-    """Dtype of the saved master weights (``float32`` or ``bfloat16``)."""
-
-    data_cursor: dict[str, Any]
-    """``PromptSampler.state_dict()`` after step ``step``."""
-
-    job: dict[str, Any]
-    """The resolved JobSpec (``model_dump(mode="json")``)."""
-
-    files: dict[str, int]
-    """Relative path → size in bytes of every file written before this meta (completeness)."""
-
-    created_at: str
-    """UTC time the save finished (ISO 8601)."""
-
-    save_seconds: float = 0.0
-    """Wall time of the save."""
-
-
 # --------------------------------------------------------------------------------------------
-# pure file operations (no Ray): write, verify, find, read, prune
+# pure file operations (no Ray): write, verify, select, read, prune
 
 
 def write_checkpoint(
@@ -132,8 +109,9 @@ def write_checkpoint(
     model_config: dict[str, Any],
     tokenizer_dir: Path | None,
     driver_rng: dict[str, Any] | None = None,
+    healthy: bool = True,
 ) -> Path:
-    """Write ``root/step_<step>`` atomically, then point ``root/latest`` at it; return its path.
+    """Write ``root/step_<step>`` atomically (weights and state in one process); return its path.
 
     Args:
         root: the run's ``checkpoints`` directory (created when missing).
@@ -144,15 +122,13 @@ def write_checkpoint(
         model_config: ``DecoderConfig.to_dict()``.
         tokenizer_dir: copied into ``tokenizer/`` (None: no tokenizer, e.g. random presets).
         driver_rng: ``driver_rng_state()`` of the driver process.
+        healthy: False for a checkpoint written after the run's last healthy step: recorded in
+            the manifest, and ``latest`` does not move to it.
     An existing ``step_<step>`` (from an earlier attempt) is replaced only once the new one is
     complete.
     """
     start = time.perf_counter()
-    root.mkdir(parents=True, exist_ok=True)
-    name = f"step_{step}"
-    tmp = root / f".tmp-{name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = begin_checkpoint(root, step)
     model = {k: v.detach().cpu().contiguous() for k, v in trainer_state["model"].items()}
     save_file(model, tmp / MODEL_FILE, metadata={"format": "pt", "fp8rl_step": str(step)})
     _fsync_file(tmp / MODEL_FILE)
@@ -161,108 +137,103 @@ def write_checkpoint(
     with open(tmp / STATE_FILE, "wb") as f:
         torch.save({"trainer": rest, "driver_rng": driver_rng or {}}, f)
         _flush_and_sync(f)
+    dtypes = {str(t.dtype).removeprefix("torch.") for t in model.values() if t.is_floating_point()}
+    return commit_checkpoint(
+        root,
+        tmp,
+        step=step,
+        job=job,
+        policy_version=int(trainer_state["version"]),
+        master_dtype=",".join(sorted(dtypes)),
+        data_cursor=data_cursor,
+        model_config=model_config,
+        tokenizer_dir=tokenizer_dir,
+        healthy=healthy,
+        started=start,
+    )
+
+
+def begin_checkpoint(root: Path, step: int) -> Path:
+    """A fresh ``root/.tmp-step_<step>-<pid>/`` for the writers of ``step`` (driver or ranks)."""
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".tmp-step_{step}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp
+
+
+def commit_checkpoint(
+    root: Path,
+    tmp: Path,
+    *,
+    step: int,
+    job: JobSpec,
+    policy_version: int,
+    master_dtype: str,
+    data_cursor: dict[str, Any],
+    model_config: dict[str, Any],
+    tokenizer_dir: Path | None,
+    healthy: bool,
+    started: float,
+) -> Path:
+    """Seal ``tmp`` once every writer is done: tokenizer, sha256 of every file, ``meta.json``
+    last, rename to ``root/step_<step>``, then move ``latest`` (healthy checkpoints only).
+
+    ``started``: ``time.perf_counter()`` when the save began. Returns the final path.
+
+    Raises:
+        CheckpointCorruptError: a written file cannot be read back for hashing.
+    """
     if tokenizer_dir is not None:
         _copy_tokenizer(tokenizer_dir, tmp / TOKENIZER_DIR)
-    files = {
-        str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()
-    }
-    dtypes = {str(t.dtype).removeprefix("torch.") for t in model.values() if t.is_floating_point()}
+    files = hash_directory(tmp, exclude=(META,))
     meta = CheckpointMeta(
         step=step,
-        policy_version=int(trainer_state["version"]),
+        healthy=healthy,
+        policy_version=policy_version,
         quant_fingerprint=job.precision.quant.fingerprint(),
         quant=job.precision.quant,
         precision_mode=job.precision.mode,
         model_path=job.model.path,
         decoder_config=model_config,
-        master_dtype=",".join(sorted(dtypes)),
+        master_dtype=master_dtype,
         data_cursor=data_cursor,
         job=job.model_dump(mode="json"),
         files=files,
         created_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        save_seconds=time.perf_counter() - start,
+        save_seconds=time.perf_counter() - started,
     )
     _write_text_synced(tmp / META, meta.model_dump_json(indent=2))
     _fsync_dir(tmp)
-    final = root / name
+    final = root / f"step_{step}"
     if final.exists():  # an earlier attempt of this step: swap it out only now
-        old = root / f".old-{name}-{os.getpid()}"
+        old = root / f".old-{final.name}-{os.getpid()}"
         os.replace(final, old)
         os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, final)
     _fsync_dir(root)
-    _write_text_synced(root / f".{LATEST}.tmp", name + "\n", replace=root / LATEST)
-    _fsync_dir(root)
+    if healthy:
+        _point_latest(root, final)
     return final
 
 
-def verify_checkpoint(path: Path) -> CheckpointMeta:
-    """The meta of a complete checkpoint directory.
-
-    Raises:
-        CheckpointError: no ``meta.json`` (an interrupted save), unreadable meta, or a file that
-            is missing or has a different size than recorded.
-    """
-    meta_path = path / META
-    if not meta_path.is_file():
-        raise CheckpointError(f"{path} is not a complete checkpoint: {META} is missing")
-    try:
-        meta = CheckpointMeta.model_validate_json(meta_path.read_text())
-    except ValueError as error:
-        raise CheckpointError(f"{meta_path} is unreadable: {error}") from error
-    for rel, size in meta.files.items():
-        file = path / rel
-        if not file.is_file() or file.stat().st_size != size:
-            got = file.stat().st_size if file.is_file() else "missing"
-            raise CheckpointError(f"{path}: {rel} is {got}, the checkpoint recorded {size} bytes")
-    return meta
-
-
-def checkpoint_steps(root: Path) -> list[int]:
-    """Steps of the ``step_<N>`` directories under ``root`` (complete or not), ascending."""
-    if not root.is_dir():
-        return []
-    steps = []
-    for p in root.iterdir():
-        if p.is_dir() and p.name.startswith("step_") and p.name[5:].isdigit():
-            steps.append(int(p.name[5:]))
-    return sorted(steps)
-
-
-def latest_checkpoint(root: Path) -> Path | None:
-    """The checkpoint ``root/latest`` points at; without a usable pointer, the newest complete one.
-
-    Returns None when ``root`` holds no complete checkpoint.
-    """
-    pointer = root / LATEST
-    if pointer.is_file():
-        target = root / pointer.read_text().strip()
-        try:
-            verify_checkpoint(target)
-            return target
-        except CheckpointError as error:
-            log.warning("ignoring %s: %s", pointer, error)
-    for step in reversed(checkpoint_steps(root)):
-        try:
-            verify_checkpoint(root / f"step_{step}")
-            return root / f"step_{step}"
-        except CheckpointError:
-            continue
-    return None
-
-
 def find_checkpoint(location: Path, *, step: int | None = None) -> Path:
-    """A checkpoint directory from a run directory, a ``checkpoints`` directory or a checkpoint.
+    """A verified checkpoint from a run directory, a ``checkpoints`` directory or a checkpoint.
 
-    ``step``: that step's checkpoint instead of the latest one.
+    ``step``: that step's checkpoint (verified, healthy or not) instead of the resume point.
+    Checkpoints passed over are logged with their reason.
 
     Raises:
-        CheckpointError: nothing usable there (the message lists the steps that exist).
+        CheckpointError: nothing there (the message lists the steps that exist), or only
+            unhealthy checkpoints (a user error: exit code 2).
+        CheckpointCorruptError: the named checkpoint, or every candidate, fails verification.
     """
     location = Path(location).expanduser()
-    if (location / META).is_file() and step is None:
+    if not location.exists():
+        raise CheckpointError(f"no complete checkpoint under {location}: it does not exist")
+    if step is None and (step_of(location) is not None or (location / META).is_file()):
         verify_checkpoint(location)
         return location
     root = location / CHECKPOINTS if (location / CHECKPOINTS).is_dir() else location
@@ -274,51 +245,47 @@ def find_checkpoint(location: Path, *, step: int | None = None) -> Path:
             )
         verify_checkpoint(path)
         return path
-    found = latest_checkpoint(root)
-    if found is None:
+    found, skipped = select_checkpoint(root)
+    warn_skipped(skipped)
+    if found is not None:
+        return found
+    if not skipped:
         raise CheckpointError(f"no complete checkpoint under {location}")
-    return found
+    reasons = "; ".join(f"{s.path.name}: {s.reason}" for s in skipped)
+    if any(s.corrupt for s in skipped):
+        raise CheckpointCorruptError(f"no usable checkpoint under {location}: {reasons}")
+    raise CheckpointError(f"no healthy checkpoint under {location}: {reasons}")
 
 
 def checkpoint_step(path: Path | None) -> int:
     """Steps completed in the checkpoint at ``path`` (0 for None: a fresh start)."""
-    return 0 if path is None else verify_checkpoint(path).step
+    return 0 if path is None else read_meta(path).step
 
 
-def read_checkpoint(path: Path) -> tuple[CheckpointMeta, dict[str, Any], dict[str, Any]]:
+def read_checkpoint(
+    path: Path, *, checksums: bool = True
+) -> tuple[CheckpointMeta, dict[str, Any], dict[str, Any]]:
     """(meta, trainer state for ``TrainerWorker.load_state_dict``, driver RNG state).
 
+    ``checksums=False`` when ``path`` was verified moments ago (sizes are still checked).
+
     Raises:
-        CheckpointError: the checkpoint is incomplete.
+        CheckpointCorruptError: verification fails, or a file cannot be decoded (names it).
     """
-    meta = verify_checkpoint(path)
-    saved = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
-    trainer = {"model": load_file(path / MODEL_FILE), **saved["trainer"]}
+    meta = verify_checkpoint(path, checksums=checksums)
+    saved = _load(path / STATE_FILE, lambda f: torch.load(f, map_location="cpu", weights_only=True))
+    trainer = {"model": _load(path / MODEL_FILE, load_file), **saved["trainer"]}
     return meta, trainer, saved.get("driver_rng", {})
 
 
-def read_model_weights(path: Path) -> dict[str, torch.Tensor]:
-    """The master weights of a checkpoint (HF names, saved dtype)."""
-    verify_checkpoint(path)
-    return load_file(path / MODEL_FILE)
+def read_model_weights(path: Path, *, checksums: bool = True) -> dict[str, torch.Tensor]:
+    """The master weights of a checkpoint (HF names, saved dtype).
 
-
-def prune_checkpoints(root: Path, *, keep_last: int) -> list[Path]:
-    """Delete all but the newest ``keep_last`` checkpoints (never the one ``latest`` names).
-
-    Returns the deleted paths.
+    Raises:
+        CheckpointCorruptError: verification fails, or the weights cannot be decoded.
     """
-    pointer = root / LATEST
-    keep = {pointer.read_text().strip()} if pointer.is_file() else set()
-    steps = checkpoint_steps(root)
-    keep |= {f"step_{s}" for s in steps[-keep_last:]}
-    deleted = []
-    for step in steps:
-        path = root / f"step_{step}"
-        if path.name not in keep:
-            shutil.rmtree(path, ignore_errors=True)
-            deleted.append(path)
-    return deleted
+    verify_checkpoint(path, checksums=checksums)
+    return _load(path / MODEL_FILE, load_file)
 
 
 def remove_interrupted_saves(root: Path) -> list[Path]:
@@ -332,39 +299,6 @@ def remove_interrupted_saves(root: Path) -> list[Path]:
         else:
             path.unlink(missing_ok=True)
     return leftovers
-
-
-def check_compatible(meta: CheckpointMeta, job: JobSpec, *, path: Path) -> None:
-    """Refuse a checkpoint written under another quant contract (unless the spec allows it).
-
-    Raises:
-        CheckpointError: fingerprints or precision modes differ and
-            ``checkpoint.allow_quant_change`` is false; the message names both fingerprints and
-            the differing QuantConfig fields.
-    """
-    mine = job.precision.quant.fingerprint()
-    problems = []
-    if meta.quant_fingerprint != mine:
-        fields = ", ".join(meta.quant.differing_fields(job.precision.quant)) or "unknown"
-        problems.append(
-            f"quant fingerprint {meta.quant_fingerprint} (checkpoint) != {mine} (this spec); "
-            f"differing precision.quant fields: {fields}"
-        )
-    if meta.precision_mode != job.precision.mode:
-        problems.append(
-            f"precision.mode {meta.precision_mode} (checkpoint) != {job.precision.mode} (this spec)"
-        )
-    if not problems:
-        return
-    if job.checkpoint.allow_quant_change:
-        log.warning("resuming %s under a changed quant contract: %s", path, "; ".join(problems))
-        return
-    raise CheckpointError(
-        f"checkpoint {path} was written under another quant contract: "
-        + "; ".join(problems)
-        + ". Set checkpoint.allow_quant_change=true to resume anyway (weights are re-quantized "
-        "with this spec's QuantConfig), or checkpoint.resume=never to start over."
-    )
 
 
 def driver_rng_state() -> dict[str, Any]:
@@ -390,31 +324,55 @@ class Checkpointer:
 
     ``trainer`` arguments are a TrainerWorker actor handle (``.state_dict.remote()``) or, in
     tests, a plain object with ``state_dict()`` / ``load_state_dict()``.
+
+    ``skipped``: the checkpoints ``resolve`` passed over, with their reasons. ``anchor``: the
+    newest verified, healthy checkpoint of this run directory (the resume point), which pruning
+    never deletes.
     """
 
     def __init__(self, run_dir: Path, job: JobSpec) -> None:
         self.root, self.job, self.spec = run_dir / CHECKPOINTS, job, job.checkpoint
         self.last_saved: int | None = None
+        self.skipped: list[Skipped] = []
+        self.anchor: Path | None = None
+        self._anchor_known = False
+        self._verified: set[Path] = set()
         self._model: tuple[dict[str, Any], Path | None] | None = None
         removed = remove_interrupted_saves(self.root)
         if removed:
             log.warning("removed %d interrupted checkpoint save(s) in %s", len(removed), self.root)
 
     def resolve(self) -> Path | None:
-        """The checkpoint to resume from per ``checkpoint.resume``, checked against the spec.
+        """The checkpoint to resume from per ``checkpoint.resume``, verified and checked against
+        the spec. With ``auto``, checkpoints that fail verification or are unhealthy are skipped
+        (logged with path and reason) in favour of the newest verified healthy one.
 
         Raises:
             CheckpointError: ``resume`` is a path without a usable checkpoint, or the checkpoint
                 is under another quant contract.
+            CheckpointCorruptError: ``resume`` names a checkpoint that fails verification.
         """
         resume = self.spec.resume
         if resume == "never":
             return None
-        path = latest_checkpoint(self.root) if resume == "auto" else find_checkpoint(Path(resume))
+        if resume == "auto":
+            t0 = time.perf_counter()
+            path, self.skipped = select_checkpoint(self.root)
+            warn_skipped(self.skipped)
+            self.anchor, self._anchor_known = path, True
+            if path is not None:
+                log.info("verified %s in %.1f s", path, time.perf_counter() - t0)
+        else:
+            path = find_checkpoint(Path(resume))
         if path is None:
+            if self.skipped:
+                log.warning("no verified healthy checkpoint in %s: starting over", self.root)
             return None
-        meta = verify_checkpoint(path)
+        self._verified.add(path)
+        meta = read_meta(path)
         check_compatible(meta, self.job, path=path)
+        if not meta.healthy:  # only reachable by naming it in checkpoint.resume
+            log.warning("resuming from %s, which is marked healthy: false", path)
         if meta.model_path != self.job.model.path:
             log.warning(
                 "checkpoint %s was trained from model.path=%s; this spec says %s (the reference "
@@ -427,9 +385,16 @@ class Checkpointer:
 
     def restore(self, path: Path, trainer: Any, sampler: Any) -> int:
         """Load weights, optimizer, scheduler, version and RNG into the trainer, the data cursor
-        into ``sampler`` and the driver's RNG; return the step to continue from."""
+        into ``sampler`` and the driver's RNG; return the step to continue from.
+
+        Raises:
+            CheckpointCorruptError: the checkpoint fails verification (skipped when ``resolve``
+                verified it moments ago) or a file cannot be decoded.
+        """
         t0 = time.perf_counter()
-        meta, trainer_state, driver_rng = read_checkpoint(path)
+        meta, trainer_state, driver_rng = read_checkpoint(
+            path, checksums=path not in self._verified
+        )
         _call(trainer, "load_state_dict", trainer_state)
         sampler.load_state_dict(meta.data_cursor)
         set_driver_rng_state(driver_rng)
@@ -443,21 +408,30 @@ class Checkpointer:
         )
         return meta.step
 
-    def maybe_save(self, step: int, trainer: Any, sampler: Any) -> Path | None:
+    def maybe_save(
+        self, step: int, trainer: Any, sampler: Any, *, healthy: bool = True
+    ) -> Path | None:
         """Save when ``step`` (steps completed) is a multiple of ``checkpoint.every_n_steps``."""
         every = self.spec.every_n_steps
         if every and step % every == 0:
-            return self.save(step, trainer, sampler)
+            return self.save(step, trainer, sampler, healthy=healthy)
         return None
 
-    def finish(self, step: int, trainer: Any, sampler: Any, *, stopped: bool) -> Path | None:
+    def finish(
+        self, step: int, trainer: Any, sampler: Any, *, stopped: bool, healthy: bool = True
+    ) -> Path | None:
         """The end-of-run save (``save_final``, or a requested stop); skipped if already saved."""
         if step == self.last_saved or step == 0 or not (self.spec.save_final or stopped):
             return None
-        return self.save(step, trainer, sampler)
+        return self.save(step, trainer, sampler, healthy=healthy)
 
-    def save(self, step: int, trainer: Any, sampler: Any) -> Path:
-        """Write ``step_<step>`` from the trainer's current state, move ``latest``, prune."""
+    def save(self, step: int, trainer: Any, sampler: Any, *, healthy: bool = True) -> Path:
+        """Write ``step_<step>`` from the trainer's current state, then prune.
+
+        ``healthy``: False when ``step`` is after the run's last healthy step (the driver's
+        health guard decides): recorded in the manifest; such a checkpoint never becomes the
+        resume point, ``latest`` and the anchor stay on the last healthy one.
+        """
         t0 = time.perf_counter()
         config, tokenizer = self._model_info()
         path = write_checkpoint(
@@ -469,14 +443,34 @@ class Checkpointer:
             model_config=config,
             tokenizer_dir=tokenizer,
             driver_rng=driver_rng_state(),
+            healthy=healthy,
         )
         self.last_saved = step
-        prune_checkpoints(self.root, keep_last=self.spec.keep_last)
+        if healthy:  # hashed from the bytes on disk just now: verified
+            self.anchor, self._anchor_known = path, True
+        elif self.anchor == path:  # an unhealthy rewrite of the anchor's step replaced it
+            self.anchor, self._anchor_known = None, False
+        anchor = self._anchor()
+        deleted = prune_checkpoints(self.root, keep_last=self.spec.keep_last, anchor=anchor)
+        if anchor is not None and _pointer(self.root) != anchor.name:  # it named a damaged one
+            _point_latest(self.root, anchor)
         size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
         log.info(
-            "checkpoint %s saved (%.1f MB in %.1f s)", path, size / 2**20, time.perf_counter() - t0
+            "checkpoint %s saved%s (%.1f MB in %.1f s; pruned %s)",
+            path,
+            "" if healthy else " as unhealthy",
+            size / 2**20,
+            time.perf_counter() - t0,
+            ", ".join(p.name for p in deleted) or "none",
         )
         return path
+
+    def _anchor(self) -> Path | None:
+        """The newest verified healthy checkpoint (found by verifying once when unknown)."""
+        if not self._anchor_known:
+            self.anchor, _ = select_checkpoint(self.root)
+            self._anchor_known = True
+        return self.anchor
 
     def _model_info(self) -> tuple[dict[str, Any], Path | None]:
         if self._model is None:
@@ -498,6 +492,32 @@ def _call(target: Any, method: str, *args: Any) -> Any:
 
         return ray.get(fn.remote(*args))
     return fn(*args)
+
+
+def _load(path: Path, loader: Callable[[Path], Any]) -> Any:
+    """``loader(path)``, with any decode or read error re-raised naming the file.
+
+    Raises:
+        CheckpointCorruptError: ``"<file>: cannot load: <error>"``.
+    """
+    try:
+        return loader(path)
+    except Exception as error:  # safetensors, pickle and torch raise many types; all are storage
+        raise CheckpointCorruptError(
+            f"{path}: cannot load: {type(error).__name__}: {error}"
+        ) from error
+
+
+def _pointer(root: Path) -> str | None:
+    try:
+        return (root / LATEST).read_text().strip()
+    except OSError:
+        return None
+
+
+def _point_latest(root: Path, path: Path) -> None:
+    _write_text_synced(root / f".{LATEST}.tmp", path.name + "\n", replace=root / LATEST)
+    _fsync_dir(root)
 
 
 def _copy_tokenizer(source: Path, target: Path) -> None:
@@ -550,16 +570,32 @@ def _write_text_synced(path: Path, text: str, *, replace: Path | None = None) ->
 
 
 __all__ = [
+    "CHECKPOINTS",
+    "FORMAT_VERSION",
+    "LATEST",
+    "META",
+    "MODEL_FILE",
+    "STATE_FILE",
+    "TEST_DELAY_ENV",
+    "TOKENIZER_DIR",
+    "CheckpointCorruptError",
     "CheckpointError",
     "CheckpointMeta",
     "Checkpointer",
+    "Skipped",
+    "begin_checkpoint",
     "check_compatible",
     "checkpoint_step",
+    "checkpoint_steps",
+    "commit_checkpoint",
     "find_checkpoint",
     "latest_checkpoint",
     "prune_checkpoints",
     "read_checkpoint",
+    "read_meta",
     "read_model_weights",
+    "select_checkpoint",
     "verify_checkpoint",
+    "warn_skipped",
     "write_checkpoint",
 ]

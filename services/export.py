@@ -41,8 +41,8 @@ from fp8rl.services.checkpoint import (
     CHECKPOINTS,
     TOKENIZER_DIR,
     find_checkpoint,
+    read_meta,
     read_model_weights,
-    verify_checkpoint,
 )
 from fp8rl.workers.model.config import DecoderConfig
 from fp8rl.workers.model.fp8_checkpoint import (
@@ -113,13 +113,14 @@ def export_checkpoint(
         out: target directory (default ``<run_dir>/exports/<fmt>-step_<N>``); replaced if present.
     Returns the export directory.
     Raises:
-        CheckpointError: no usable checkpoint. ValueError: unknown format.
+        CheckpointError: no checkpoint there. CheckpointCorruptError: it fails verification.
+        ValueError: unknown format.
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; choose one of {FORMATS}")
     start = time.perf_counter()
-    checkpoint = find_checkpoint(location, step=step)
-    meta = verify_checkpoint(checkpoint)
+    checkpoint = find_checkpoint(location, step=step)  # verified: sizes and sha256 of every file
+    meta = read_meta(checkpoint)
     job = JobSpec.model_validate(meta.job)
     config = DecoderConfig(**meta.decoder_config)
     if out is None:
@@ -128,7 +129,10 @@ def export_checkpoint(
     out = Path(out).expanduser()
     log.info("exporting %s as %s to %s", checkpoint, fmt, out)
     tensors, quantization = export_tensors(
-        read_model_weights(checkpoint), config=config, fmt=fmt, quant=job.precision.quant
+        read_model_weights(checkpoint, checksums=False),
+        config=config,
+        fmt=fmt,
+        quant=job.precision.quant,
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"

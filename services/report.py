@@ -351,7 +351,7 @@ def summary_sections(data: RunData) -> list[tuple[str, list[tuple[str, str]]]]:
     finals = [(k, _fmt(last[k])) for k in FINAL_KEYS if last.get(k) is not None]
     finals += [(k, _fmt(last[k])) for k in data.keys("val/") if last.get(k) is not None]
     root = data.run_dir / CHECKPOINTS
-    latest = latest_checkpoint(root)
+    latest = latest_checkpoint(root, checksums=False)  # sizes only: a report does not hash GBs
     ckpts = [
         ("checkpoints", ", ".join(f"step_{s}" for s in checkpoint_steps(root)) or "none"),
         ("latest", latest.name if latest else "none"),

@@ -36,12 +36,14 @@ def export(
     safetensors). hf-fp8 holds the E4M3 codes + 128x128 scales the rollout engines ran."""
     import logging
 
-    from fp8rl.services.checkpoint import CheckpointError
+    from fp8rl.services.checkpoint import CheckpointCorruptError, CheckpointError
     from fp8rl.services.export import export_checkpoint
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         path = export_checkpoint(run_dir, fmt=format.value, out=out, step=step)
+    except CheckpointCorruptError as error:  # storage, not the user's input: exit 1
+        raise fail(f"export failed: {error}", code=1) from None
     except (CheckpointError, FileNotFoundError, ValueError) as error:
         raise fail(f"export failed: {error}") from None
     typer.echo(str(path))

@@ -21,7 +21,7 @@ def bf16_pair():
     if VLLM_MISSING:
         pytest.skip(SKIP_REASON)
     job = tiny_job("precision.mode=bf16")
-    trainer, engine = make_trainer(job), make_engine(job)
+    trainer, engine = make_trainer(job), _engine_told_its_cpu_has_amx(job)
     sync(trainer, engine)
     yield job, trainer, engine
     engine.close()
@@ -34,7 +34,25 @@ def unified():
         pytest.skip(SKIP_REASON)
     job = tiny_job()
     trainer = make_trainer(job)
-    engine = make_engine(job)
+    engine = _engine_told_its_cpu_has_amx(job)
     sync(trainer, engine)
     yield job, trainer, engine
     engine.close()
+
+
+def _engine_told_its_cpu_has_amx(job):
+    """The exact engine, built while vLLM picks its AMX attention kernel whatever this CPU is.
+
+    vLLM's CPU KV-cache layout depends on the kernel it picks (AMX on Intel Sapphire Rapids packs
+    keys differently from the vector kernels): exact mode must not depend on it, so every exact
+    test here runs as it would on an AMX machine (which CI may be). Exact mode never calls vLLM's
+    attention kernels, so the ISA named here is never executed.
+    """
+    from vllm.v1.attention.backends import cpu_attn
+
+    real = cpu_attn._get_attn_isa
+    cpu_attn._get_attn_isa = lambda *args, **kwargs: "amx"
+    try:
+        return make_engine(job)
+    finally:
+        cpu_attn._get_attn_isa = real

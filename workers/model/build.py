@@ -58,6 +58,8 @@ def build_decoder(
         model.requires_grad_(False)
         model.eval()
     cast_dense(model, param_dtype)
+    if not precision.trainable:
+        model.fuse_projections()  # views into fused q/k/v, gate/up weights (fast path only)
     return model
 
 

@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from fp8rl.kernels.fused import add_rms_norm_quant, silu_mul_quant
+from fp8rl.kernels.gemm import fp8_gemm
 from fp8rl.kernels.invariant import (
     apply_rope,
     attention,
@@ -32,7 +34,9 @@ from fp8rl.kernels.invariant import (
     token_logprobs,
 )
 from fp8rl.kernels.kv import check_kv_scale, kv_dequantize, kv_quantize, kv_scale_from_amax
+from fp8rl.kernels.quant import QuantizedTensor
 from fp8rl.workers.model.config import DecoderConfig
+from fp8rl.workers.model.fusion import fuse_quantized_linears, still_fused
 from fp8rl.workers.model.linear import LayerPrecision, make_linear
 
 
@@ -111,6 +115,15 @@ class Attention(nn.Module):
             self.register_buffer("v_scale", torch.zeros((), dtype=torch.float32))
             self.register_buffer("kv_amax", torch.zeros(2, dtype=torch.float32), persistent=False)
             self.observe_kv = False
+        self.fused_qkv = None  # set by fuse(): q/k/v codes as one [ΣN, K] FP8 weight
+
+    def projections(self) -> list[nn.Module]:
+        """q, k, v projections, in the order of the fused weight."""
+        return [self.q_proj, self.k_proj, self.v_proj]
+
+    def fuse(self) -> None:
+        """Fuse the q/k/v FP8 weights (inference modules only; a no-op otherwise)."""
+        self.fused_qkv = fuse_quantized_linears(self.projections())
 
     def forward(
         self,
@@ -125,6 +138,32 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, length, self.heads, self.head_dim)
         k = self.k_proj(x).view(b, length, self.kv_heads, self.head_dim)
         v = self.v_proj(x).view(b, length, self.kv_heads, self.head_dim)
+        return self._attend(q, k, v, cos, sin, positions, k_len, cache)
+
+    def forward_quantized(
+        self,
+        xq: QuantizedTensor,
+        dtype: torch.dtype,
+        cos: Tensor,
+        sin: Tensor,
+        positions: Tensor,
+        k_len: Tensor,
+        cache: tuple[Tensor, Tensor] | None,
+    ) -> Tensor:
+        """``forward`` from the 1×128 codes of the normed input, through the fused q/k/v GEMM."""
+        b, length, _ = xq.shape
+        qkv = fp8_gemm(xq, self.fused_qkv, out_dtype=dtype)
+        if self.q_proj.bias is not None:
+            qkv = qkv + torch.cat([p.bias for p in self.projections()]).to(dtype)
+        nq, nk = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        q = qkv[..., :nq].view(b, length, self.heads, self.head_dim)
+        k = qkv[..., nq : nq + nk].view(b, length, self.kv_heads, self.head_dim)
+        v = qkv[..., nq + nk :].view(b, length, self.kv_heads, self.head_dim)
+        return self._attend(q, k, v, cos, sin, positions, k_len, cache)
+
+    def _attend(self, q, k, v, cos, sin, positions, k_len, cache) -> Tensor:
+        """RoPE, KV cache, attention and o_proj. q/k/v: [B, L, heads, D] → [B, L, hidden]."""
+        b, length = q.shape[:2]
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q.transpose(1, 2), cos, sin)
@@ -196,8 +235,27 @@ class MLP(nn.Module):
         self.down_proj = make_linear(f"{prefix}.down_proj", i, h, False, precision)
         self.exact = precision.exact
 
+        self.fused_gate_up = None  # set by fuse(): gate/up codes as one [2I, K] FP8 weight
+
     def forward(self, x: Tensor) -> Tensor:
         return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x), exact=self.exact))
+
+    def fuse(self) -> None:
+        """Fuse the gate/up FP8 weights (inference modules only; a no-op otherwise)."""
+        self.fused_gate_up = fuse_quantized_linears([self.gate_proj, self.up_proj])
+
+    def forward_quantized(self, xq: QuantizedTensor, dtype: torch.dtype) -> Tensor:
+        """``forward`` from the 1×128 codes of the normed input: fused gate/up GEMM, then
+        SiLU·mul fused with down_proj's 1×128 quantization."""
+        gate_up = fp8_gemm(xq, self.fused_gate_up, out_dtype=dtype)
+        inter = self.gate_proj.out_features
+        act = silu_mul_quant(
+            gate_up[..., :inter],
+            gate_up[..., inter:],
+            scale_format=self.down_proj.scale_format,
+            check_finite=self.down_proj.check_finite,
+        )
+        return fp8_gemm(act, self.down_proj.quantized_weight(), out_dtype=dtype)
 
 
 class Block(nn.Module):
@@ -224,6 +282,44 @@ class Block(nn.Module):
     ) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, k_len, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def fused_ready(self) -> bool:
+        """True when the fused inference path may run: fast mode, no autograd, fused FP8
+        weights still backing the projections (``fuse_quantized_linears``)."""
+        attn, mlp = self.self_attn, self.mlp
+        return (
+            not torch.is_grad_enabled()
+            and not mlp.exact
+            and getattr(mlp.down_proj, "weight_codes", None) is not None
+            and getattr(attn.o_proj, "weight_codes", None) is not None
+            and still_fused(attn.fused_qkv, attn.projections())
+            and still_fused(mlp.fused_gate_up, [mlp.gate_proj, mlp.up_proj])
+        )
+
+    def forward_fused(
+        self,
+        x: Tensor,
+        delta: Tensor | None,
+        cos: Tensor,
+        sin: Tensor,
+        positions: Tensor,
+        k_len: Tensor,
+        cache: tuple[Tensor, Tensor] | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """The fast inference block on ``x + delta`` (delta: the previous block's MLP output,
+        added inside the fused norm). Returns ``(residual, mlp_out)``: the block's output is
+        their sum, left to the next block's fused norm (or the caller) to add."""
+        attn, mlp = self.self_attn, self.mlp
+        fmt, check = mlp.down_proj.scale_format, mlp.down_proj.check_finite
+        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+        x, xq = add_rms_norm_quant(
+            x, delta, norm1.weight, norm1.eps, scale_format=fmt, check_finite=check
+        )
+        attn_out = attn.forward_quantized(xq, x.dtype, cos, sin, positions, k_len, cache)
+        x, hq = add_rms_norm_quant(
+            x, attn_out, norm2.weight, norm2.eps, scale_format=fmt, check_finite=check
+        )
+        return x, mlp.forward_quantized(hq, x.dtype)
 
 
 class _Backbone(nn.Module):
@@ -292,13 +388,30 @@ class Decoder(nn.Module):
         x = F.embedding(input_ids, self.model.embed_tokens.weight).to(self.compute_dtype)
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         limit = None if cache is None else (kv_limit or cache.capacity)
+        pending = None  # the last fused block's MLP output, not yet added to x
         for i, layer in enumerate(self.model.layers):
             kv = None if cache is None else (cache.k[i][:, :, :limit], cache.v[i][:, :, :limit])
+            if layer.fused_ready():
+                x, pending = layer.forward_fused(x, pending, cos, sin, positions, k_len, kv)
+                continue
+            if pending is not None:
+                x, pending = x + pending, None
             if self.gradient_checkpointing and self.training and cache is None:
                 x = checkpoint(layer, x, cos, sin, positions, k_len, use_reentrant=False)
             else:
                 x = layer(x, cos, sin, positions, k_len, kv)
+        if pending is not None:
+            x = x + pending
         return self.model.norm(x)
+
+    def fuse_projections(self) -> None:
+        """Fuse q/k/v and gate/up FP8 weights of inference blocks for the fast path (no-op for
+        trainable, dense or exact models). Call after the weights are frozen and placed."""
+        if self.precision.exact:
+            return
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
 
     def logits(self, hidden: Tensor) -> Tensor:
         """Vocabulary logits [..., V] in the compute dtype from hidden states [..., H]."""

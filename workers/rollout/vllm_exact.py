@@ -18,9 +18,10 @@ the engine being built runs the ``fp8rl`` quantization method, and behaves exact
 class otherwise. Shapes it does not cover (partial rotary, non-NeoX RoPE, sliding window, ALiBi,
 soft-cap, sinks, FP8 KV cache, encoder attention) keep vLLM's path too.
 
-Exact attention reads the keys/values of every sequence from vLLM's paged KV cache (written by
-vLLM, BF16, unchanged) through the block table and runs ``invariant.attention`` over keys at
-index = position: the trainer's causal row, bit for bit. It is a Python loop over the sequences
+Exact attention writes the keys/values into vLLM's paged KV cache tensor itself, in a plain
+row-major layout (``_paged_kv``; vLLM's own layout differs per CPU ISA: AMX packs keys for its
+tile kernel), reads every sequence back through the block table and runs ``invariant.attention``
+over keys at index = position: the trainer's causal row, bit for bit. It is a Python loop over the sequences
 of a step — slow, but only used for ``precision.exact`` on CPU, where the FP8 GEMM emulation
 dominates anyway. On CUDA, attention stays vLLM's kernel (documented limit).
 """
@@ -141,14 +142,13 @@ class FP8RLCPUAttentionImpl(CPUAttentionBackendImpl):
             and self.sinks is None
             and not self.is_fp8_kv_cache
         )
-        self._fp8rl_key_layout: str | None = None
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):
         if not self.fp8rl_active or attn_metadata is None:
             return super().forward(
                 layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs
             )
-        key_cache, value_cache = self._paged_kv(kv_cache, key, value, attn_metadata)
+        key_cache, value_cache = _paged_kv(kv_cache)
         block_size, kv_heads = key_cache.shape[2], key_cache.shape[1]
         starts = attn_metadata.query_start_loc.tolist()
         table = attn_metadata.block_table
@@ -171,42 +171,30 @@ class FP8RLCPUAttentionImpl(CPUAttentionBackendImpl):
             out[q0:q1] = res[0].transpose(0, 1)
         return output
 
-    def _paged_kv(
-        self, kv_cache: Tensor, key: Tensor, value: Tensor, meta
-    ) -> tuple[Tensor, Tensor]:
-        """Key and value caches as [blocks, kv_heads, block_size, D] views.
-
-        vLLM's CPU kernels store a block's values row-major ([block_size, D]) and, for the vector
-        ISAs, its keys transposed ([D, block_size]); the first call checks which layout holds
-        this step's keys and values bit for bit and refuses a layout it does not know.
-        """
-        num_blocks, kv_heads, block_size, width = kv_cache.shape
-        d = width // 2
-        raw = kv_cache.view(num_blocks, kv_heads, 2, block_size * d)
-        values = raw[:, :, 1].view(num_blocks, kv_heads, block_size, d)
-        layouts = {
-            "row_major": raw[:, :, 0].view(num_blocks, kv_heads, block_size, d),
-            "transposed": raw[:, :, 0].view(num_blocks, kv_heads, d, block_size).transpose(-1, -2),
-        }
-        if self._fp8rl_key_layout is None:
-            slots = meta.slot_mapping[: meta.num_actual_tokens].long()
-            n = slots.shape[0]
-            rows = (slots // block_size, slice(None), slots % block_size)
-            want_k, want_v = key[:n].reshape(n, kv_heads, d), value[:n].reshape(n, kv_heads, d)
-            found = [name for name, keys in layouts.items() if torch.equal(keys[rows], want_k)]
-            if not found or not torch.equal(values[rows], want_v):
-                raise RuntimeError(
-                    "fp8rl exact attention cannot read this vLLM CPU KV-cache layout "
-                    f"(vLLM {_vllm_version()}); run with precision.exact=false"
-                )
-            self._fp8rl_key_layout = found[0]
-        return layouts[self._fp8rl_key_layout], values
+    def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
+        """In an exact fp8rl engine, write K/V into the paged cache in fp8rl's own layout
+        (``_paged_kv``), independent of the ISA-specific layout vLLM's kernels use (AMX packs
+        keys differently from the vector kernels); else vLLM's ``cpu_attn_reshape_and_cache``."""
+        if not self.fp8rl_active:
+            return super().do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)
+        key_cache, value_cache = _paged_kv(kv_cache)
+        block_size, kv_heads, d = key_cache.shape[2], key_cache.shape[1], key_cache.shape[3]
+        slots = slot_mapping[: key.shape[0]].long()
+        keep = slots >= 0  # padded slots are -1
+        slots = slots[keep]
+        blocks, offsets = slots // block_size, slots % block_size
+        key_cache[blocks, :, offsets] = key.reshape(-1, kv_heads, d)[keep].to(key_cache.dtype)
+        value_cache[blocks, :, offsets] = value.reshape(-1, kv_heads, d)[keep].to(key_cache.dtype)
+        return None
 
 
-def _vllm_version() -> str:
-    import vllm
-
-    return vllm.__version__
+def _paged_kv(kv_cache: Tensor) -> tuple[Tensor, Tensor]:
+    """Key and value caches [blocks, kv_heads, block_size, D] as views of vLLM's CPU cache tensor
+    [blocks, kv_heads, block_size, 2*D]: per block and head, block_size key rows then block_size
+    value rows, row-major. Only fp8rl's exact path reads and writes this layout."""
+    num_blocks, kv_heads, block_size, width = kv_cache.shape
+    raw = kv_cache.view(num_blocks, kv_heads, 2, block_size, width // 2)
+    return raw[:, :, 0], raw[:, :, 1]
 
 
 class FP8RLCPUAttentionBackend(CPUAttentionBackend):

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Every issue-14 GPU test and benchmark in one device call (H200), short tables last.
+#
+#   bash benchmarks/gpu_all.sh [stage ...]  # stages: tests parity tune rollout kv train checks exact
+#
+# Run from the repository root (device_env.sh makes it importable as fp8rl). Results go to $OUT
+# (the device call's output folder) or benchmarks/results/run/. Each stage has its own time
+# limit so one slow stage cannot eat the whole call.
+set -u
+source benchmarks/device_env.sh || exit 1
+R=${OUT:-benchmarks/results/run}
+mkdir -p "$R"
+export OMP_NUM_THREADS=4 TRITON_PRINT_AUTOTUNING=0
+STAGES=${*:-tests parity tune rollout train exact}
+stage() { echo "=== $1 ($(date -u +%T))"; }
+for s in $STAGES; do
+  case $s in
+  tests)
+    stage tests
+    timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/fp8_kernels/test_fused_gpu.py \
+      tests/fp8_kernels/test_kernels_gpu.py 2>&1 | tail -25 | tee "$R/tests.txt" ;;
+  parity)
+    stage parity
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu 2>&1 | tail -15 \
+      | tee "$R/parity-tests.txt" ;;
+  tune)
+    stage tune
+    timeout 150 python3 benchmarks/gemm_tune.py --table kernels/fp8_gemm_decode_table.json \
+      --out "$R" 2>&1 | grep -v "^  N=" | tail -60
+    cp kernels/fp8_gemm_decode_table.json "$R/" 2>/dev/null ;;
+  rollout)
+    stage rollout
+    timeout 120 python3 benchmarks/rollout.py --batch 64 256 --gen 512 --graphs on \
+      --out "$R" --tag rollout-gen512 2>&1 | grep -v '^{' | tail -12 ;;
+  kv)
+    stage kv
+    timeout 200 python3 benchmarks/rollout.py --layers 8 --batch 64 --gen 4096 --graphs on \
+      --kv bf16 fp8 --out "$R" --tag rollout-gen4096 2>&1 | grep -v '^{' | tail -10 ;;
+  train)
+    stage train
+    timeout 100 python3 benchmarks/train_step.py --layers 8 --tokens 16384 32768 --profile \
+      --out "$R" 2>&1 | grep -v '^{' | tail -40 ;;
+  checks)
+    stage checks
+    timeout 100 python3 benchmarks/gpu_checks.py --out "$R" 2>&1 | tail -25 ;;
+  exact)
+    stage exact
+    timeout 120 python3 benchmarks/rollout.py --layers 8 --batch 64 --gen 512 --graphs on \
+      --modes unified_fp8 --exact --out "$R" --tag rollout-exact 2>&1 | grep -v '^{' | tail -6 ;;
+  esac
+done
+stage done

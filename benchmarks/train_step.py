@@ -1,0 +1,143 @@
+"""Trainer step speed: BF16 vs unified FP8 on a Llama-3.1-8B-shaped model (issue 14).
+
+    python benchmarks/train_step.py --layers 8 --tokens 16384 32768 --out results/
+
+One step = forward over ``tokens`` (sequences of ``--seq``), the mean token log-probability
+(lm_head + log-softmax, the trainer's scoring composition), backward and a fused AdamW step on
+float32 master weights. Random weights and ids (speed only). Reports the median step time of
+``--steps`` timed steps after one warm-up, the peak memory, and with ``--profile`` the top
+device kernels of one step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from fp8rl.protocol import QuantConfig
+from fp8rl.workers.model.build import build_decoder
+from fp8rl.workers.model.config import PRESETS
+from fp8rl.workers.model.linear import LayerPrecision
+
+
+def build(cfg, mode: str, exact: bool, seq: int):
+    fp8 = mode == "unified_fp8"
+    precision = LayerPrecision(
+        dtype=torch.bfloat16, fp8=fp8, quant=QuantConfig() if fp8 else None, exact=exact
+    )
+    model = build_decoder(
+        cfg, precision, state_dict=None, max_positions=seq, param_dtype=torch.float32, device="cuda"
+    )
+    for module in model.modules():  # no per-quantization host sync (the trainer's fast setting)
+        if hasattr(module, "check_finite"):
+            module.check_finite = False
+    return model.train()
+
+
+def step(model, optimizer, ids: torch.Tensor) -> None:
+    batch, seq = ids.shape
+    pos = torch.arange(seq, device="cuda").expand(batch, seq)
+    hidden = model(ids, pos, torch.full((batch,), seq, device="cuda"))
+    logp = model.token_logprobs(hidden[:, :-1], ids[:, 1:], temperature=1.0)
+    (-logp.mean()).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def top_kernels(model, optimizer, ids, count: int = 12) -> list[dict]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step(model, optimizer, ids)
+        torch.cuda.synchronize()
+    events = sorted(prof.key_averages(), key=lambda e: e.device_time_total, reverse=True)
+    total = sum(e.device_time_total for e in events) or 1.0
+    return [
+        {
+            "kernel": e.key[:90],
+            "ms": e.device_time_total / 1e3,
+            "share": e.device_time_total / total,
+        }
+        for e in events[:count]
+    ]
+
+
+def measure(cfg, mode: str, tokens: int, seq: int, steps: int, exact: bool, profile: bool) -> dict:
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    model = build(cfg, mode, exact, seq)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
+    ids = torch.randint(0, cfg.vocab_size, (tokens // seq, seq), device="cuda")
+    row = {"mode": mode, "exact": exact, "tokens": tokens, "layers": cfg.num_hidden_layers}
+    try:
+        step(model, optimizer, ids)  # warm-up (compiles kernels, allocates optimizer state)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            step(model, optimizer, ids)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        row["step_s"] = sorted(times)[len(times) // 2]
+        row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        if profile:
+            row["top_kernels"] = top_kernels(model, optimizer, ids)
+    except torch.OutOfMemoryError as err:
+        row["step_s"], row["peak_gib"], row["error"] = float("nan"), float("nan"), str(err)[:120]
+    del model, optimizer
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="llama-3.1-8b", choices=sorted(PRESETS))
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[16384, 32768])
+    parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--modes", nargs="+", default=["bf16", "unified_fp8"])
+    parser.add_argument("--exact", action="store_true", help="also run unified FP8 exact")
+    parser.add_argument("--profile", action="store_true", help="top kernels at the first size")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    cfg = dataclasses.replace(PRESETS[args.preset], num_hidden_layers=args.layers)
+    runs = [(mode, False) for mode in args.modes] + ([("unified_fp8", True)] if args.exact else [])
+    rows = []
+    for i, tokens in enumerate(args.tokens):
+        for mode, exact in runs:
+            prof = args.profile and i == 0
+            rows.append(measure(cfg, mode, tokens, args.seq, args.steps, exact, prof))
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "top_kernels"}), flush=True)
+    lines = [
+        f"# Train step — {args.preset}, {args.layers} layers, seq {args.seq}",
+        f"{time.strftime('%Y-%m-%d')} · {torch.cuda.get_device_name()} · torch {torch.__version__}",
+        "",
+        "| mode | exact | tokens | step s | vs BF16 | peak GiB |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        base = next(x for x in rows if x["mode"] == "bf16" and x["tokens"] == r["tokens"])
+        lines.append(
+            f"| {r['mode']} | {r['exact']} | {r['tokens']} | {r['step_s']:.3f} | "
+            f"{base['step_s'] / r['step_s']:.2f}× | {r['peak_gib']:.1f} |"
+        )
+    for r in rows:
+        for k in r.get("top_kernels", []):
+            lines.append(
+                f"- {r['mode']} exact={r['exact']}: {k['ms']:.1f} ms ({k['share']:.0%}) {k['kernel']}"
+            )
+    table = "\n".join(lines) + "\n"
+    print(table)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "train-step.json").write_text(json.dumps(rows, indent=1))
+        (args.out / "train-step.md").write_text(table)
+
+
+if __name__ == "__main__":
+    main()

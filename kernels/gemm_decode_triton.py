@@ -1,0 +1,266 @@
+"""Decode-size (M ≤ 256) FP8 GEMM ``x · Wᵀ`` with the 1×128 activation quant in its prologue.
+
+Design notes
+------------
+* At decode sizes the GEMM is a weight stream: the 128×128-block FP8 weight (1 byte/param) is
+  read once per step and the activation is tiny (L2-resident). Small tiles (``BLOCK_M`` 16–64,
+  ``BLOCK_N`` 32–128) and split-K put enough loads in flight to saturate HBM; a 128×128 tile at
+  M = 64 leaves half of each tile idle.
+* **Fused quant.** With a BF16/FP32 activation, each program quantizes its ``BLOCK_M × 128``
+  activation slice in registers before the ``tl.dot`` (same ``_scale_from_amax``/``_to_codes``
+  as ``quant_triton``, so the codes are bitwise those of ``per_token_group_quant``); the
+  programs of the first N tile also write the activation scales out, for the finiteness check.
+  An already-quantized activation (from the fused norm/SwiGLU kernels) is read as is.
+* **Split-K without atomics on the data.** Each K split writes its float32 partial tile to a
+  workspace, then bumps a per-tile counter; the program that arrives last sums the partials in
+  split order (0, 1, …) and writes the output, then resets the counter. The sum order is fixed,
+  so results are deterministic run to run (not batch-invariant: exact mode never runs this
+  kernel). The counters live in one zeroed buffer per device that every call leaves zeroed,
+  which also makes the kernel CUDA-graph safe; calls must not run concurrently on two streams.
+* **Config.** ``decode_config(m, n, k)`` looks the (M bucket, N, K) up in the table tuned on the
+  H200 (``fp8_gemm_decode_table.json``, written by ``benchmarks/gemm_tune.py``) and falls back to
+  a heuristic that aims at two programs per SM.
+* **Where it runs (measured, benchmarks/results/issue14-h200.md).** The prologue quantization is
+  repeated by every N tile of a row block, which is free at M ≤ 16 but dominates from M = 64 on
+  (0.1-0.4× BF16 there), so ``fp8_linear`` takes the fused-prologue kernel only for the
+  (M bucket, N, K) where the table records it beating quantize + library GEMM (``prologue``).
+  Already-quantized activations (the fused norm/SwiGLU kernels) use the kernel for
+  ``MIN_DECODE_ROWS ≤ M ≤ MAX_DECODE_ROWS`` (decode at batch 64 went 0.90× → 1.12× BF16);
+  beyond that cuBLASLt ``scaled_mm`` stays.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from fp8rl.kernels.quant import GROUP, QuantizedTensor
+from fp8rl.kernels.quant_triton import _nan_to_inf_abs, _scale_from_amax, _to_codes
+
+MIN_DECODE_ROWS = 16
+"""Smallest M the decode kernel takes an already-quantized activation for (below: tiled kernel;
+at M = 1 the H200 sweep measured the decode kernel at half the bandwidth it reaches at M = 16)."""
+MAX_DECODE_ROWS = 64
+"""Largest M the decode kernel is dispatched for without a measured table flag."""
+MAX_TABLE_ROWS = 256
+"""Largest M the table is tuned for (a measured ``fp8_in`` flag may enable the kernel up to it)."""
+
+TABLE_PATH = Path(__file__).with_name("fp8_gemm_decode_table.json")
+_NUM_SMS = 132
+_LOCKS: dict[torch.device, Tensor] = {}
+_LOCK_SLOTS = 1 << 16
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Tile and launch parameters of one decode GEMM variant."""
+
+    block_m: int
+    block_n: int
+    split_k: int
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+def m_bucket(m: int) -> int:
+    """The table's M key: the next power of two ≥ ``m``."""
+    return triton.next_power_of_2(max(m, 1))
+
+
+def block_m_for(m: int) -> int:
+    """Row tile for ``m`` rows: the M bucket clamped to 16..64 (``tl.dot`` needs ≥ 16)."""
+    return min(64, max(16, m_bucket(m)))
+
+
+@functools.cache
+def _table() -> dict[tuple[int, int, int], tuple[DecodeConfig, dict]]:
+    if not TABLE_PATH.exists():
+        return {}
+    rows = json.loads(TABLE_PATH.read_text())["configs"]
+    return {
+        (r["m"], r["n"], r["k"]): (
+            DecodeConfig(r["block_m"], r["block_n"], r["split_k"], r["num_warps"], r["num_stages"]),
+            {key: bool(r[key]) for key in ("prologue", "fp8_in") if key in r},
+        )
+        for r in rows
+    }
+
+
+def prologue_wins(m: int, n: int, k: int) -> bool:
+    """Whether the table measured the fused-prologue kernel faster than quantize + library GEMM
+    at (M bucket, N, K); False for shapes it has no row for."""
+    hit = _table().get((m_bucket(m), n, k))
+    return hit is not None and hit[1].get("prologue", False)
+
+
+def decode_wins(m: int, n: int, k: int) -> bool:
+    """Whether to run the decode kernel on an already-quantized activation: the table's measured
+    ``fp8_in`` flag for (M bucket, N, K), else ``MIN_DECODE_ROWS ≤ m ≤ MAX_DECODE_ROWS``."""
+    hit = _table().get((m_bucket(m), n, k))
+    if hit is not None and "fp8_in" in hit[1]:
+        return hit[1]["fp8_in"] and m <= MAX_TABLE_ROWS
+    return MIN_DECODE_ROWS <= m <= MAX_DECODE_ROWS
+
+
+def heuristic_config(m: int, n: int, k: int) -> DecodeConfig:
+    """Untuned fallback: ``BLOCK_M`` covers M up to 64, split-K to reach ~2 programs per SM."""
+    block_m = block_m_for(m)
+    block_n = 64 if m <= 64 else 128
+    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    k_blocks = triton.cdiv(k, GROUP)
+    split = 1
+    while split < 8 and tiles * split * 2 <= 2 * _NUM_SMS and k_blocks // (split * 2) >= 4:
+        split *= 2
+    return DecodeConfig(block_m, block_n, split)
+
+
+def decode_config(m: int, n: int, k: int) -> DecodeConfig:
+    """The tuned config for (M bucket, N, K), else ``heuristic_config``."""
+    tuned = _table().get((m_bucket(m), n, k))
+    return tuned[0] if tuned is not None else heuristic_config(m, n, k)
+
+
+def config_row(
+    m: int, n: int, k: int, cfg: DecodeConfig, *, prologue: bool, fp8_in: bool | None = None
+) -> dict:
+    """One table row (what ``benchmarks/gemm_tune.py`` writes)."""
+    row = {"m": m_bucket(m), "n": n, "k": k, **asdict(cfg), "prologue": prologue}
+    return row if fp8_in is None else {**row, "fp8_in": fp8_in}
+
+
+def _locks(device: torch.device) -> Tensor:
+    locks = _LOCKS.get(device)
+    if locks is None:
+        locks = _LOCKS[device] = torch.zeros(_LOCK_SLOTS, dtype=torch.int32, device=device)
+    return locks
+
+
+@triton.jit(do_not_specialize=["M"])
+def _decode_gemm_kernel(
+    a_ptr, sa_ptr, b_ptr, sb_ptr, c_ptr, sa_out_ptr, ws_ptr, lock_ptr, M, N, K,
+    stride_am, stride_sam, stride_sak, stride_bn, stride_sbn, stride_sbk, stride_cm,
+    stride_so_m, stride_so_k,
+    A_FP8: tl.constexpr, POW2: tl.constexpr, B_ROW_DIV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+):  # fmt: skip
+    BLOCK_K: tl.constexpr = 128
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_blocks, SPLIT_K)
+    kb_start = pid_k * per_split
+    kb_end = tl.minimum(kb_start + per_split, k_blocks)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m, mask_n = offs_m < M, offs_n < N
+    a_ptrs = (
+        a_ptr + offs_m.to(tl.int64)[:, None] * stride_am + (kb_start * BLOCK_K + offs_k)[None, :]
+    )
+    b_ptrs = (
+        b_ptr + offs_n.to(tl.int64)[None, :] * stride_bn + (kb_start * BLOCK_K + offs_k)[:, None]
+    )
+    sb_row = sb_ptr + (pid_n * BLOCK_N // B_ROW_DIV) * stride_sbn
+    write_sa = mask_m & ((offs_m * 0 + pid_n) == 0)  # the first N tile writes the scales
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(kb_start, kb_end):
+        k_mask = offs_k < K - kb * BLOCK_K
+        a = tl.load(a_ptrs, mask=mask_m[:, None] & k_mask[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_mask[:, None] & mask_n[None, :], other=0.0)
+        if A_FP8:
+            sa = tl.load(sa_ptr + offs_m * stride_sam + kb * stride_sak, mask=mask_m, other=0.0)
+            a8 = a
+        else:  # the 1x128 quantizer, in registers (bitwise per_token_group_quant)
+            af = a.to(tl.float32)
+            sa = _scale_from_amax(tl.max(_nan_to_inf_abs(af), axis=1), POW2)
+            # rows past M: scale 1, not 2**-126 (suspected div.rn slow path; M=1 ran at half speed)
+            sa = tl.where(mask_m, sa, 1.0)
+            a8 = _to_codes(af, sa[:, None])
+            tl.store(sa_out_ptr + offs_m * stride_so_m + kb * stride_so_k, sa, mask=write_sa)
+        sb = tl.load(sb_row + kb * stride_sbk)
+        acc += tl.dot(a8, b) * (sa * sb)[:, None]
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+
+    c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
+    c_mask = mask_m[:, None] & mask_n[None, :]
+    if SPLIT_K == 1:
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+    else:
+        tile_elems = M * N
+        ws_tile = ws_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+        tl.store(ws_tile + pid_k * tile_elems, acc, mask=c_mask)
+        tl.debug_barrier()
+        lock = lock_ptr + pid_m * tl.num_programs(0) + pid_n
+        arrived = tl.atomic_add(lock, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:  # the last split sums all partials, in split order
+            tl.debug_barrier()
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(SPLIT_K):
+                total += tl.load(
+                    ws_tile + s * tile_elems, mask=c_mask, other=0.0, cache_modifier=".cg"
+                )
+            tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=c_mask)
+            tl.atomic_xchg(lock, 0)
+
+
+def fp8_gemm_decode(
+    x: Tensor | QuantizedTensor,
+    weight: QuantizedTensor,
+    *,
+    out_dtype: torch.dtype,
+    scale_format: str = "fp32",
+    config: DecodeConfig | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``x [M, K] · weight [N, K]ᵀ`` → ``([M, N] out_dtype, activation scales [M, ceil(K/128)])``.
+
+    Args:
+        x: BF16/FP32 activation (quantized 1×128 in the prologue with ``scale_format``) or a
+            (1,128) ``QuantizedTensor``. M ≤ ``MAX_DECODE_ROWS`` is what it is tuned for.
+        weight: 128×128-block ``QuantizedTensor`` with K-contiguous codes.
+        config: override the table (benchmarks/tuning only).
+    Returns the output and the activation's float32 scales (those of ``x`` when quantized).
+    """
+    assert weight.block == (GROUP, GROUP) and weight.codes.stride(-1) == 1
+    quantized = isinstance(x, QuantizedTensor)
+    a = x.codes if quantized else x
+    if a.stride(-1) != 1:
+        a = a.contiguous()
+    m, k = a.shape
+    n = weight.shape[0]
+    device = a.device
+    out = torch.empty(m, n, dtype=out_dtype, device=device)
+    sa = (
+        x.scale
+        if quantized
+        else torch.empty(m, triton.cdiv(k, GROUP), dtype=torch.float32, device=device)
+    )
+    if m == 0 or n == 0:
+        return out, sa
+    cfg = config or decode_config(m, n, k)
+    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), cfg.split_k)
+    assert grid[0] * grid[1] <= _LOCK_SLOTS
+    ws = (
+        torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=device)
+        if cfg.split_k > 1
+        else out
+    )
+    sa_in = sa if quantized else out  # unused pointer when quantizing in the prologue
+    _decode_gemm_kernel[grid](
+        a, sa_in, weight.codes, weight.scale, out, sa, ws, _locks(device), m, n, k,
+        a.stride(0), sa_in.stride(0) if quantized else 0, sa_in.stride(1) if quantized else 0,
+        weight.codes.stride(0), weight.scale.stride(0), weight.scale.stride(1), out.stride(0),
+        sa.stride(0), sa.stride(1),
+        A_FP8=quantized, POW2=scale_format == "pow2", B_ROW_DIV=weight.block[0],
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return out, sa

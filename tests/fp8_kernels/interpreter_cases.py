@@ -1,0 +1,66 @@
+"""Run under TRITON_INTERPRET=1 (CPU) by test_triton_interpreter.py; prints one line per case.
+
+The interpreter's float32→float8 and float32→bfloat16 casts do not round to nearest like the
+GPU's, so FP8 codes are compared with another Triton path (the interpreted quantizer), never with
+torch's cast, and the fused elementwise kernels run on float32 data (no bfloat16 rounding).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fp8rl.kernels import (
+    fp8_gemm_reference,
+    fused,
+    fused_triton,
+    per_block_quant_reference,
+    quant_triton,
+)
+from fp8rl.kernels import gemm_decode_triton as dec
+
+
+def decode_gemm_cases() -> None:
+    torch.manual_seed(0)
+    cases = [(3, 256, 512, 16, 64, 1), (20, 128, 1000, 16, 32, 4), (40, 200, 384, 32, 128, 2)]
+    for m, n, k, bm, bn, split in cases:
+        cfg = dec.DecodeConfig(bm, bn, split)
+        x = torch.randn(m, k, dtype=torch.bfloat16)
+        w = per_block_quant_reference(torch.randn(n, k) * 0.02)
+        xq = quant_triton.per_token_group_quant_triton(x)
+        ref = fp8_gemm_reference(xq, w, out_dtype=torch.float32)
+        out, scales = dec.fp8_gemm_decode(x, w, out_dtype=torch.float32, config=cfg)
+        from_codes, _ = dec.fp8_gemm_decode(xq, w, out_dtype=torch.float32, config=cfg)
+        err = float((out - ref).abs().max() / ref.abs().max())
+        locks = int(dec._LOCKS[torch.device("cpu")].abs().sum())
+        same = torch.equal(out, from_codes) and torch.equal(scales, xq.scale)
+        print(f"decode m={m} n={n} k={k} split={split} err={err:.2e} same={same} locks={locks}")
+
+
+def fused_cases() -> None:
+    torch.manual_seed(1)
+    x = torch.randn(5, 384)
+    d = torch.randn(5, 384)
+    w = torch.rand(384) + 0.5
+    res, q = fused_triton.add_rms_norm_quant_triton(x, d, w, 1e-5)
+    ref_res, ref_q = fused.add_rms_norm_quant_reference(x, d, w, 1e-5)
+    y = w * (res * torch.rsqrt(res.pow(2).mean(-1, keepdim=True) + 1e-5))
+    rq = quant_triton.per_token_group_quant_triton(y)
+    scale_err = float(((q.scale - ref_q.scale).abs() / ref_q.scale).max())
+    codes = float((q.codes.float() != rq.codes.float()).float().mean())
+    print(
+        f"norm rows={res.shape[0]} residual_same={torch.equal(res, ref_res)} scale_err={scale_err:.2e} codes_diff={codes:.4f}"
+    )
+    gu = torch.randn(7, 2 * 256) * 3
+    q = fused_triton.silu_mul_quant_triton(gu[:, :256], gu[:, 256:])
+    ref_q = fused.silu_mul_quant_reference(gu[:, :256], gu[:, 256:])
+    rq = quant_triton.per_token_group_quant_triton(
+        torch.nn.functional.silu(gu[:, :256]) * gu[:, 256:]
+    )
+    scale_err = float(((q.scale - ref_q.scale).abs() / ref_q.scale).max())
+    codes = float((q.codes.float() != rq.codes.float()).float().mean())
+    print(f"silu scale_err={scale_err:.2e} codes_diff={codes:.4f}")
+
+
+if __name__ == "__main__":
+    decode_gemm_cases()
+    fused_cases()
