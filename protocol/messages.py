@@ -50,6 +50,12 @@ class Prompt(StrictModel):
     token_ids: list[int] = Field(min_length=1)
     """Prompt token ids, chat template already applied."""
 
+    seed: int | None = Field(default=None, ge=0, lt=2**62)
+    """Sampling stream of this prompt: sample j draws from ``sequence_seed(seed, j)``
+    (``workers.rollout.sampling``). The driver derives it from the step's seed and the prompt's
+    global index, so samples do not depend on which engine runs the prompt. None: derived from
+    ``sampling.seed`` and the prompt's position in its request."""
+
 
 class RolloutRequest(StrictModel):
     """Generate ``sampling.n`` responses for each prompt."""

@@ -26,6 +26,7 @@ from fp8rl.services.preflight import preflight
 from fp8rl.services.rollout_phase import PromptFeed, collect
 from fp8rl.services.run_dir import prepare_run_dir, run_dir_of
 from fp8rl.services.runtime import Workers, init_ray, running_workers, sync_weights
+from fp8rl.services.spec_warnings import spec_warnings
 from fp8rl.services.step_batch import (
     advantages,
     calibrate_kv_cache,
@@ -127,6 +128,8 @@ def open_session(job: JobSpec, reporter: Any) -> Session | None:
     Returns None when a resumed run has nothing left to do.
     """
     preflight(job, local=True)  # unimplemented options, missing files: fail before anything starts
+    for warning in spec_warnings(job):  # runs, but may not learn (bf16 master with a small lr)
+        log.warning("%s", warning)
     checkpoints = Checkpointer(run_dir_of(job), job)
     resume = checkpoints.resolve()  # refuses a checkpoint of another quant contract up front
     start = checkpoint_step(resume)  # steps already done (0: a fresh start)

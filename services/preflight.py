@@ -1,5 +1,6 @@
 """Checks a job spec must pass before anything starts: what the schema allows but this release
-does not run, and (on the machine that runs the job) files, extras, reward functions, templates.
+does not run, a placement that does not fit the declared cluster (``services.placement``), and (on
+the machine that runs the job) files, extras, reward functions, templates.
 
 ``fp8rl validate``, ``fp8rl run``/the driver and the REST API call ``preflight``, so a spec that
 cannot run fails in a second with lines naming the field, not minutes later inside a Ray worker.
@@ -16,6 +17,7 @@ from pathlib import Path
 from fp8rl.protocol import JobSpec, SpecError
 from fp8rl.protocol.data_spec import FileDataset
 from fp8rl.protocol.reward_spec import BUILTIN_REWARDS
+from fp8rl.services.placement import placement_problems
 
 
 def preflight(job: JobSpec, *, local: bool) -> None:
@@ -26,7 +28,7 @@ def preflight(job: JobSpec, *, local: bool) -> None:
             functions are checked too (the REST API checks only what does not depend on the
             machine that will run it: it never reads paths from request input).
     """
-    problems = unsupported(job) + template_problems(job)
+    problems = unsupported(job) + template_problems(job) + placement_problems(job, local=local)
     if local:
         problems += local_problems(job)
     if problems:
@@ -42,11 +44,6 @@ def unsupported(job: JobSpec) -> list[str]:
         out.append(
             "precision.exact: true needs fp8rl's batch-invariant kernels; rollout.backend: sglang "
             "runs SGLang's own (same FP8 codes, different kernels): set precision.exact: false"
-        )
-    if job.trainer.num_workers > 1:
-        out.append(
-            f"trainer.num_workers: {job.trainer.num_workers} trainer actors (data-parallel training) "
-            "are not implemented yet; use 1 (several rollout workers are fine)"
         )
     for i, fn in enumerate(job.reward.functions):
         if fn.name not in BUILTIN_REWARDS and "." not in fn.name and ":" not in fn.name:

@@ -1,6 +1,6 @@
 """The rollout half of a step: prompts → samples (n per prompt) → rewards → a TrainBatch skeleton.
 
-Prompts are split across the rollout engines; every sample keeps the token ids, logprobs, finish
+Prompts go to the least-loaded rollout engines, each with its own sampling seed; every sample keeps the token ids, logprobs, finish
 reason, policy version and fingerprint it was generated with. With DAPO's dynamic sampling,
 groups whose rewards are all equal are dropped and more prompts are drawn until the batch is full
 (or ``algorithm.max_resample_rounds`` is reached).
@@ -22,6 +22,7 @@ from fp8rl.protocol.reward_messages import RewardInput, RewardOutput
 from fp8rl.services.data import PromptRecord, PromptSampler, render_prompt
 from fp8rl.workers.algorithms import dynamic_sampling_keep, overlong_penalty
 from fp8rl.workers.model.scoring import PackedBatch, pack
+from fp8rl.workers.rollout.sampling import sequence_seed
 
 log = logging.getLogger(__name__)
 
@@ -111,28 +112,71 @@ def generate(
     *,
     request_id: str,
 ) -> list[RolloutSample]:
-    """Split ``(prompt_id, token ids)`` prompts across engines round-robin; return the samples
+    """Dispatch ``(prompt_id, token ids)`` prompts to the least-loaded engines; return the samples
     grouped per prompt in input order.
 
-    Each prompt travels as ``<prompt_id>@<index in this call>`` so repeated records stay distinct.
+    Each prompt travels as ``<prompt_id>@<index in this call>`` (repeated records stay distinct)
+    with its sampling seed ``sequence_seed(sampling.seed, index)``, so the samples are the same
+    whichever engine, and however many engines, run it. The n samples of a prompt stay on one
+    engine.
+
+    Raises:
+        RuntimeError: engines answered with different policy versions (a weight sync that did not
+            reach every engine); the batch would mix policies.
     """
-    tagged = [Prompt(prompt_id=f"{pid}@{i}", token_ids=ids) for i, (pid, ids) in enumerate(prompts)]
-    calls = [
-        engine.generate.remote(
+    tagged = [
+        Prompt(
+            prompt_id=f"{pid}@{i}",
+            token_ids=ids,
+            seed=None if sampling.seed is None else sequence_seed(sampling.seed, i),
+        )
+        for i, (pid, ids) in enumerate(prompts)
+    ]
+    costs = [(len(p.token_ids) + sampling.max_tokens) * sampling.n for p in tagged]
+    owner = assign_least_loaded(costs, len(engines))
+    calls = {
+        rank: engines[rank].generate.remote(
             RolloutRequest(
                 request_id=f"{request_id}/{rank}",
                 sampling=sampling,
-                prompts=tagged[rank :: len(engines)],
+                prompts=[p for p, o in zip(tagged, owner, strict=True) if o == rank],
             )
         )
-        for rank, engine in enumerate(engines)
-        if tagged[rank :: len(engines)]
-    ]
+        for rank in sorted(set(owner))
+    }
+    results = dict(zip(calls, ray.get(list(calls.values())), strict=True))
+    check_one_policy_version({rank: r.policy_version for rank, r in results.items()})
     by_prompt: dict[str, list[RolloutSample]] = {}
-    for result in ray.get(calls):
+    for result in results.values():
         for sample in result.samples:
             by_prompt.setdefault(sample.prompt_id, []).append(sample)
     return [sample for p in tagged for sample in by_prompt[p.prompt_id]]
+
+
+def assign_least_loaded(costs: list[float], num_engines: int) -> list[int]:
+    """Engine of each prompt: the costliest prompts first, each to the engine with the least work
+    so far (LPT scheduling; ties to the lowest rank). Deterministic; costs: [P] → [P] ranks."""
+    load = [0.0] * num_engines
+    owner = [0] * len(costs)
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        rank = min(range(num_engines), key=lambda r: (load[r], r))
+        owner[i] = rank
+        load[rank] += costs[i]
+    return owner
+
+
+def check_one_policy_version(versions: dict[int, int]) -> None:
+    """Refuse results from engines at different policy versions ({engine rank: version}).
+
+    Raises:
+        RuntimeError: naming each engine's version.
+    """
+    if len(set(versions.values())) > 1:
+        listed = ", ".join(f"rollout[{rank}] at v{v}" for rank, v in sorted(versions.items()))
+        raise RuntimeError(
+            f"rollout engines hold different policy versions ({listed}): a weight sync did not "
+            "reach every engine, and a batch must come from one policy"
+        )
 
 
 def score(

@@ -1,6 +1,7 @@
 """Ray runtime for a run: attach or start Ray, launch one actor per role, enforce the quant contract.
 
-Placement (``resources.placement``): ``colocated`` actors share devices (fractional GPUs);
+Placement (``resources.placement``, ``services.placement``): one Ray placement group with a bundle
+per GPU; ``colocated`` puts trainer rank i, engine i and reference i on GPU i (fractional GPUs),
 ``disaggregated`` gives each role its own GPUs. On CPU every actor is a local process.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 import ray
 
 from fp8rl.protocol import Handshake, JobSpec, PrecisionSpec
+from fp8rl.services.placement import PlacementPlan, RayPlacement, actor_options, plan_placement
 
 log = logging.getLogger(__name__)
 
@@ -120,26 +122,40 @@ class Workers:
     critic: Any | None = None
     transport: str = "object_store"
     notes: list[str] = field(default_factory=list)
+    plan: PlacementPlan | None = None
+    placement: RayPlacement | None = None
 
 
 @contextmanager
 def running_workers(job: JobSpec) -> Iterator[Workers]:
     """``launch_workers`` for the duration of a ``with`` block; the actors are killed on the way
-    out (success, error or Ctrl-C), so no half-started actor outlives the driver."""
+    out (success, error or Ctrl-C), so no half-started actor outlives the driver; then the
+    placement group is removed."""
     started: list[Any] = []
+    plan, placement = plan_placement(job), None
     try:
-        yield launch_workers(job, started=started)
+        placement = RayPlacement(plan) if plan.on_gpu else None
+        yield launch_workers(job, started=started, plan=plan, placement=placement)
     finally:
         for actor in started:
             with suppress(Exception):
                 ray.kill(actor)
+        if placement is not None:
+            placement.remove()
 
 
-def launch_workers(job: JobSpec, *, started: list[Any] | None = None) -> Workers:
+def launch_workers(
+    job: JobSpec,
+    *,
+    started: list[Any] | None = None,
+    plan: PlacementPlan | None = None,
+    placement: RayPlacement | None = None,
+) -> Workers:
     """Start the actors of ``job`` (each gets only its own sub-specs) and check their handshakes.
 
-    GPUs: ``colocated`` actors share each GPU (fractional ``num_gpus``); ``disaggregated`` ones
-    own whole GPUs (a vLLM engine takes ``tensor_parallel_size``). On CPU actors reserve no cores.
+    GPUs: each actor runs in the bundle of its plan GPU (``services.placement``); ``placement``
+    is created here when the plan holds GPUs and none is given (the caller removes it:
+    ``Workers.placement``). On CPU actors reserve no cores.
     """
     from fp8rl.workers.critic.worker import CriticWorker
     from fp8rl.workers.reference.worker import ReferenceWorker
@@ -147,20 +163,16 @@ def launch_workers(job: JobSpec, *, started: list[Any] | None = None) -> Workers
     from fp8rl.workers.trainer.worker import TrainerWorker
 
     device, seed = job.resources.device, job.seed
-    gpu_roles = [job.trainer.gpus_per_worker, job.rollout.gpus_per_worker]
-    sharing = (
-        max(1, sum(1 for g in gpu_roles if g)) if job.resources.placement == "colocated" else 1
-    )
+    plan = plan or plan_placement(job)
+    if placement is None and plan.on_gpu:
+        placement = RayPlacement(plan)
 
-    def opts(gpus: int | float) -> dict[str, Any]:
-        return {
-            "num_cpus": job.resources.cpus_per_worker if gpus else 0,
-            "num_gpus": gpus / sharing,
-        }
+    def opts(role: str, index: int = 0) -> dict[str, Any]:
+        return actor_options(plan, role, index, placement)
 
     trainer = (
         ray.remote(TrainerWorker)
-        .options(**opts(job.trainer.gpus_per_worker))
+        .options(**opts("trainer"))
         .remote(
             job.model,
             job.trainer,
@@ -172,10 +184,9 @@ def launch_workers(job: JobSpec, *, started: list[Any] | None = None) -> Workers
             seed=seed,
         )
     )
-    engine_gpus = job.rollout.gpus_per_worker  # a vLLM engine with TP k holds k GPUs
     rollout = [
         _rollout_actor(job)
-        .options(**opts(engine_gpus))
+        .options(**opts("rollout", rank))
         .remote(job.model, job.rollout, job.precision, device=device, rank=rank, seed=seed)
         for rank in range(job.rollout.num_workers)
     ]
@@ -183,7 +194,7 @@ def launch_workers(job: JobSpec, *, started: list[Any] | None = None) -> Workers
     if job.reference_enabled:
         reference = (
             ray.remote(ReferenceWorker)
-            .options(**opts(job.reference.gpus_per_worker))
+            .options(**opts("reference"))
             .remote(
                 job.model,
                 job.precision,
@@ -196,14 +207,20 @@ def launch_workers(job: JobSpec, *, started: list[Any] | None = None) -> Workers
     if job.algorithm.advantage_estimator == "gae":
         critic = (
             ray.remote(CriticWorker)
-            .options(**opts(job.trainer.gpus_per_worker))
+            .options(**opts("critic"))
             .remote(job.model, job.trainer, job.algorithm, device=device, seed=seed)
         )
     reward = ray.remote(RewardWorker).options(num_cpus=0, max_concurrency=2).remote(job.reward)
     if started is not None:  # the caller kills what was started, even if a handshake fails below
         started.extend(a for a in (trainer, *rollout, reference, critic, reward) if a is not None)
     workers = Workers(
-        trainer=trainer, rollout=rollout, reward=reward, reference=reference, critic=critic
+        trainer=trainer,
+        rollout=rollout,
+        reward=reward,
+        reference=reference,
+        critic=critic,
+        plan=plan,
+        placement=placement,
     )
     reports = ray.get(
         [a.handshake.remote() for a in [trainer, *rollout, *([reference] if reference else [])]]
@@ -227,17 +244,14 @@ def launch_workers(job: JobSpec, *, started: list[Any] | None = None) -> Workers
 def setup_transport(workers: Workers, job: JobSpec, reports: list[Handshake]) -> str:
     """Pick and initialise the weight transport (``resources.weight_transport``); return its name.
 
-    ``auto``: the object store on CPU, CUDA IPC when engines share the trainer's GPU, an NCCL
-    broadcast group (trainer = rank 0) when they own other GPUs. ``nccl`` on CPU uses gloo.
+    ``auto``: the object store on CPU, CUDA IPC when every engine shares the trainer's GPU (the
+    placement plan says so), an NCCL broadcast group (trainer = rank 0) otherwise. ``nccl`` on
+    CPU uses gloo.
     """
     name = job.resources.weight_transport
     on_gpu = any(r.device.startswith("cuda") for r in reports if r.role in ("trainer", "rollout"))
     if name == "auto":
-        name = (
-            "object_store"
-            if not on_gpu
-            else ("cuda_ipc" if job.resources.placement == "colocated" else "nccl")
-        )
+        name = auto_transport(workers.plan or plan_placement(job), len(workers.rollout), on_gpu)
     if name == "object_store":
         return name
     if name == "cuda_ipc":
@@ -260,6 +274,15 @@ def setup_transport(workers: Workers, job: JobSpec, reports: list[Handshake]) ->
         ]
     )
     return name
+
+
+def auto_transport(plan: PlacementPlan, num_engines: int, on_gpu: bool) -> str:
+    """``resources.weight_transport: auto``: ``object_store`` on CPU, ``cuda_ipc`` when every
+    engine shares trainer rank 0's GPU (IPC handles only open on the same device), else ``nccl``."""
+    if not on_gpu:
+        return "object_store"
+    same = all(plan.same_gpu(("trainer", 0), ("rollout", i)) for i in range(num_engines))
+    return "cuda_ipc" if same else "nccl"
 
 
 def _rollout_actor(job: JobSpec) -> Any:

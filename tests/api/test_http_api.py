@@ -106,6 +106,18 @@ def test_invalid_spec_is_422_problem_naming_the_field_path(client, fake):
     assert fake.submitted == []
 
 
+def test_spec_whose_placement_does_not_fit_is_422_naming_the_field_and_numbers(client, fake):
+    spec = (Path(__file__).parents[1] / "placement" / "oversubscribed.yaml").read_text()
+    response = client.post(RUNS, content=spec, headers=YAML)
+    assert response.status_code == 422
+    (error,) = response.json()["errors"]
+    assert error["path"] == "resources.gpu_memory_gib"
+    assert (
+        "GPU 0 (node 0) needs an estimated" in error["message"] and "> 141 GiB" in error["message"]
+    )
+    assert fake.submitted == []
+
+
 def test_bad_override_value_names_the_overridden_field(client):
     problem = _create(client, "trainer.lr=-1").json()
     assert [e["path"] for e in problem["errors"]] == ["trainer.lr"]

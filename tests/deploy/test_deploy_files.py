@@ -187,8 +187,8 @@ def test_gpu_job_specs_fit_the_chart_nodes_and_keep_data_on_the_volume(repo, nam
     rollout_gpus = spec.rollout.num_workers * spec.rollout.gpus_per_worker
     trainer_gpus = spec.trainer.num_workers * spec.trainer.gpus_per_worker
     assert spec.rollout.gpus_per_worker == spec.rollout.tensor_parallel_size
-    # what the driver runs today: one native trainer (services.preflight refuses the rest)
-    assert spec.trainer.backend == "native" and spec.trainer.num_workers == 1
+    assert spec.trainer.backend == "native" and spec.trainer.master_dtype == "float32"
+    assert spec.resources.gpus_per_node == GPUS_PER_NODE
     if spec.resources.placement == "colocated":
         assert rollout_gpus == nodes * GPUS_PER_NODE and trainer_gpus <= nodes * GPUS_PER_NODE
     else:

@@ -19,8 +19,8 @@ def _problems(*overrides: str, local: bool = True) -> list[str]:
 
 
 def test_unimplemented_backends_are_refused_naming_each_field():
-    problems = _problems("trainer.backend=megatron", "trainer.num_workers=2", local=False)
-    assert [p.split(":")[0] for p in problems] == ["trainer.backend", "trainer.num_workers"]
+    problems = _problems("trainer.backend=megatron", local=False)
+    assert [p.split(":")[0] for p in problems] == ["trainer.backend"]
 
 
 def test_sglang_backend_refuses_exact_mode_and_a_missing_sglang(monkeypatch):
@@ -33,6 +33,19 @@ def test_sglang_backend_refuses_exact_mode_and_a_missing_sglang(monkeypatch):
             "rollout.backend: sglang is not installed here; run the SGLang image "
             "(deploy/Dockerfile.sglang, docs/sglang.md)"
         ]
+
+
+def test_a_placement_beyond_the_declared_gpus_is_refused_naming_the_count():
+    (problem,) = _problems(
+        "resources.device=cuda",
+        "resources.gpus_per_node=1",
+        "trainer.gpus_per_worker=1",
+        "rollout.gpus_per_worker=1",
+        "rollout.num_workers=2",
+        local=False,
+    )
+    assert problem.startswith("resources: the plan needs 2 GPUs")
+    assert "num_nodes × gpus_per_node = 1 × 1 = 1" in problem
 
 
 def test_template_without_question_or_with_bad_braces_is_refused():

@@ -103,6 +103,21 @@ def test_equal_seeds_give_equal_samples_and_n_samples_differ(unified):
     assert a.samples[0].token_ids != a.samples[1].token_ids
 
 
+def test_a_prompt_with_its_own_seed_gets_the_same_samples_in_any_request(unified):
+    """What makes rollout results independent of the engine count: the driver seeds each prompt
+    from its global index, and vLLM samples it the same alone or beside other prompts."""
+    _, _, engine = unified
+    prompts = [Prompt(prompt_id=str(i), token_ids=p, seed=1000 + i) for i, p in enumerate(PROMPTS)]
+    sampling = SamplingParams(n=2, temperature=1.0, max_tokens=8)
+
+    def run(chosen):
+        result = engine.generate(RolloutRequest(request_id="s", prompts=chosen, sampling=sampling))
+        return {(s.prompt_id, s.sample_index): s.token_ids for s in result.samples}
+
+    together = run(prompts)
+    assert together == {**run(prompts[1:]), **run(prompts[:1])}
+
+
 @pytest.mark.parametrize("field,value", [("top_k", 5), ("top_p", 0.9)])
 def test_top_k_and_top_p_are_refused_with_the_logprob_reason(unified, field, value):
     _, _, engine = unified

@@ -6,7 +6,8 @@ arithmetic never depends on its neighbours), samples with the request's filters 
 logprob of the drawn token under the full softmax of logits/temperature — computed by the same
 ``Decoder.logits`` + ``token_logprobs`` composition the trainer uses. Finished sequences are
 dropped from the decode batch; a response cut at ``max_tokens`` keeps its last token and finishes
-with reason ``length``.
+with reason ``length``. Sample j of a prompt with seed s draws from its own stream
+``sequence_seed(s, j)`` (``sampling``), so its tokens do not depend on its batch neighbours.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from fp8rl.kernels.invariant import token_logprobs
 from fp8rl.protocol import SamplingParams
 from fp8rl.workers.model.decoder import Decoder, KVCache
 from fp8rl.workers.rollout.cuda_graphs import GraphDecoder
-from fp8rl.workers.rollout.sampling import sample_tokens
+from fp8rl.workers.rollout.sampling import SEED_BITS, sample_tokens, sequence_seed
 
 KV_BUCKET = 128
 """Decode attends over the KV cache up to the next multiple of this many positions."""
@@ -66,9 +67,15 @@ class NativeEngine:
 
     @torch.inference_mode()
     def generate(
-        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingParams,
+        seeds: Sequence[int | None] | None = None,
     ) -> list[list[Generation]]:
         """``sampling.n`` generations for each prompt, grouped per prompt in input order.
+
+        ``seeds``: one per prompt (its sampling stream); a missing one is
+        ``sequence_seed(sampling.seed, i)`` for prompt i, or random when ``sampling.seed`` is None.
 
         Raises:
             ValueError: an empty prompt, or prompt + max_tokens beyond the model's positions.
@@ -82,16 +89,18 @@ class NativeEngine:
                     f"prompt {i} has {len(p)} tokens; with max_tokens={sampling.max_tokens} it exceeds "
                     f"the model's {limit} positions (model.max_model_len)"
                 )
-        generator = torch.Generator(device=self.device)
-        generator.manual_seed(sampling.seed if sampling.seed is not None else torch.seed() % 2**63)
+        base = sampling.seed if sampling.seed is not None else torch.seed() % 2**SEED_BITS
+        given = list(seeds) if seeds is not None else [None] * len(prompts)
+        prompt_seeds = [sequence_seed(base, i) if s is None else s for i, s in enumerate(given)]
         per_chunk = max(1, self.max_batch_size // sampling.n)
         out: list[list[Generation]] = []
         for start in range(0, len(prompts), per_chunk):
-            out += self._generate_chunk(prompts[start : start + per_chunk], sampling, generator)
+            chunk = slice(start, start + per_chunk)
+            out += self._generate_chunk(prompts[chunk], sampling, prompt_seeds[chunk])
         return out
 
     def _generate_chunk(
-        self, prompts: Sequence[Sequence[int]], sp: SamplingParams, generator: torch.Generator
+        self, prompts: Sequence[Sequence[int]], sp: SamplingParams, prompt_seeds: Sequence[int]
     ) -> list[list[Generation]]:
         model, dev = self.model, self.device
         lens = torch.tensor([len(p) for p in prompts], device=dev)
@@ -112,6 +121,9 @@ class NativeEngine:
         last = hidden[torch.arange(len(prompts), device=dev), lens - 1]
 
         rows = torch.arange(len(prompts), device=dev).repeat_interleave(sp.n)
+        seeds = torch.tensor(
+            [sequence_seed(s, j) for s in prompt_seeds for j in range(sp.n)], device=dev
+        )
         cache, last, pos = cache.select(rows), last[rows], lens[rows]
         gens = [Generation() for _ in range(len(rows))]
         active = list(range(len(rows)))  # gens index of each decode row (-1: finished, graph mode)
@@ -125,7 +137,8 @@ class NativeEngine:
                 temperature=sp.temperature,
                 top_k=sp.top_k,
                 top_p=sp.top_p,
-                generator=generator,
+                seeds=seeds,
+                step=step,
             )
             logps = token_logprobs(
                 logits, tokens, temperature=sp.temperature, exact=model.precision.exact
@@ -138,6 +151,7 @@ class NativeEngine:
             elif not all(keep):
                 index = torch.tensor([i for i, k in enumerate(keep) if k], device=dev)
                 cache, tokens, pos = cache.select(index), tokens[index], pos[index]
+                seeds = seeds[index]
                 active = [active[i] for i in index.tolist()]
                 pos_host = [pos_host[i] for i in index.tolist()]
             limit = min(cache.capacity, -(-(max(pos_host) + 1) // KV_BUCKET) * KV_BUCKET)

@@ -56,6 +56,7 @@ from fp8rl.workers.model.build import cast_dense, layer_precision
 from fp8rl.workers.model.config import DecoderConfig
 from fp8rl.workers.model.linear import LayerPrecision
 from fp8rl.workers.model.loading import resolve_model
+from fp8rl.workers.rollout.sampling import sequence_seed
 from fp8rl.workers.weight_sync.layout import SlotSpec, engine_slots, engine_tensor
 from fp8rl.workers.weight_sync.receiver import WeightReceiver
 
@@ -90,6 +91,14 @@ def refuse_filters(top_k: int, top_p: float) -> None:
             "set top_k: 0 and top_p: 1.0, or use rollout.backend: native, which samples with "
             "filters and still records the full-softmax logprob"
         )
+
+
+def prompt_seed(seed: int | None, request_seed: int | None, index: int) -> int | None:
+    """vLLM's seed for a prompt: its own (from its global index, set by the driver), else
+    ``sequence_seed(request_seed, index)``, or None (unseeded) when neither is set."""
+    if seed is not None:
+        return seed
+    return None if request_seed is None else sequence_seed(request_seed, index)
 
 
 class VLLMRolloutWorker:
@@ -274,12 +283,12 @@ class VLLMRolloutWorker:
                 n=1 if greedy else sp.n,
                 temperature=sp.temperature,
                 max_tokens=sp.max_tokens,
-                seed=None if sp.seed is None else sp.seed + i * sp.n,  # child j gets seed + j
+                seed=prompt_seed(p.seed, sp.seed, i),  # child j gets seed + j
                 logprobs=0,
                 stop_token_ids=stop,
                 detokenize=False,
             )
-            for i in range(len(request.prompts))
+            for i, p in enumerate(request.prompts)
         ]
         start = time.perf_counter()
         outputs = self.llm.generate(

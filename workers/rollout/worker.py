@@ -83,7 +83,7 @@ class RolloutWorker:
         """n samples per prompt with token ids, logprobs, finish reasons, version and fingerprint."""
         start = time.perf_counter()
         prompts = [p.token_ids for p in request.prompts]
-        groups = self.engine.generate(prompts, request.sampling)
+        groups = self.engine.generate(prompts, request.sampling, [p.seed for p in request.prompts])
         samples = [
             RolloutSample(
                 prompt_id=p.prompt_id,
