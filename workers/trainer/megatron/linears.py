@@ -104,18 +104,44 @@ class _PlannedLinear:
             inverse = torch.empty(len(plan.order), dtype=torch.long)
             inverse[torch.tensor(plan.order)] = torch.arange(len(plan.order))
             y = y.index_select(-1, inverse.to(y.device))
-        return y.transpose(0, 1)
+        # contiguous: Megatron all-reduces ``input_.contiguous()`` in place (a copy otherwise)
+        return y.transpose(0, 1).contiguous()
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the gradient contiguous: Megatron's TP all-reduce in
+    backward reduces ``grad.contiguous()`` in place, which is a copy (and the reduction is lost)
+    when the gradient arrives as a transposed view."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous()
+
+
+def tp_input(x: Tensor, *, sequence_parallel: bool, allreduce_dgrad: bool, group) -> Tensor:
+    """A column-parallel layer's input: gathered from the sequence-parallel region, or copied into
+    the TP region (DGrad all-reduced over TP in backward); unchanged at TP 1."""
+    if sequence_parallel:
+        return gather_from_sequence_parallel_region(x, True, group=group)
+    if allreduce_dgrad:
+        return _ContiguousGrad.apply(copy_to_tensor_model_parallel_region(x, group=group))
+    return x
 
 
 class PlannedColumnParallelLinear(_PlannedLinear, tensor_parallel.ColumnParallelLinear):
     """ColumnParallelLinear whose local GEMM follows ``plan`` (see the module docstring)."""
 
     def _forward_impl(self, input, weight, bias=None, *args, **kwargs):
-        group = kwargs.get("tp_group")
-        if kwargs.get("sequence_parallel"):
-            input = gather_from_sequence_parallel_region(input, True, group=group)
-        elif kwargs.get("allreduce_dgrad"):
-            input = copy_to_tensor_model_parallel_region(input, group=group)
+        input = tp_input(
+            input,
+            sequence_parallel=bool(kwargs.get("sequence_parallel")),
+            allreduce_dgrad=bool(kwargs.get("allreduce_dgrad")),
+            group=kwargs.get("tp_group"),
+        )
         return self._local_gemm(input, weight, bias)
 
 

@@ -16,10 +16,7 @@ import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
-from megatron.core.tensor_parallel.mappings import (
-    copy_to_tensor_model_parallel_region,
-    gather_from_sequence_parallel_region,
-)
+from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import Tensor
 
@@ -27,7 +24,11 @@ from fp8rl.workers.model.config import DecoderConfig
 from fp8rl.workers.model.linear import LayerPrecision
 from fp8rl.workers.trainer.megatron.convert import hf_to_megatron, shard, stage_view
 from fp8rl.workers.trainer.megatron.layout import model_fit_problems, padded_vocab, stage_layers
-from fp8rl.workers.trainer.megatron.linears import LinearPlan, PlannedColumnParallelLinear
+from fp8rl.workers.trainer.megatron.linears import (
+    LinearPlan,
+    PlannedColumnParallelLinear,
+    tp_input,
+)
 from fp8rl.workers.trainer.megatron.spec import block_spec
 
 
@@ -43,8 +44,9 @@ class HeadLinear(PlannedColumnParallelLinear):
     def logits(self, hidden: Tensor, weight: Tensor) -> Tensor:
         """``hidden [b, r, h]`` → this rank's vocabulary slice of the logits ``[b, r, V_pad/tp]``
         in the activation dtype (DGrad all-reduced over TP in backward)."""
-        if _tp() > 1:
-            hidden = copy_to_tensor_model_parallel_region(hidden, group=self.tp_group)
+        hidden = tp_input(
+            hidden, sequence_parallel=False, allreduce_dgrad=_tp() > 1, group=self.tp_group
+        )
         return self._local_gemm(hidden.transpose(0, 1), weight, None).transpose(0, 1)
 
 
@@ -53,10 +55,16 @@ def _tp() -> int:
 
 
 def transformer_config(
-    config: DecoderConfig, *, tp: int, pp: int, sequence_parallel: bool
+    config: DecoderConfig,
+    *,
+    tp: int,
+    pp: int,
+    sequence_parallel: bool,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> TransformerConfig:
     """Megatron's TransformerConfig for ``config``: RMSNorm, SwiGLU, GQA, no dropout, float32
-    master parameters, CPU initialisation, no fused CUDA kernels."""
+    master parameters, CPU initialisation, no fused CUDA kernels; ``dtype`` is the activation
+    dtype sent between pipeline stages."""
     return TransformerConfig(
         num_layers=config.num_hidden_layers,
         hidden_size=config.hidden_size,
@@ -85,6 +93,7 @@ def transformer_config(
         masked_softmax_fusion=False,
         persist_layer_norm=False,
         apply_rope_fusion=False,
+        pipeline_dtype=dtype,
     )
 
 
@@ -122,7 +131,9 @@ def build_gpt_model(
     fp8_head = head_is_fp8(config, precision)
     vocab = padded_vocab(config.vocab_size, tp, fp8_head=fp8_head)
     layers = stage_layers(config.num_hidden_layers, pp, pp_rank)
-    mcfg = transformer_config(config, tp=tp, pp=pp, sequence_parallel=sequence_parallel)
+    mcfg = transformer_config(
+        config, tp=tp, pp=pp, sequence_parallel=sequence_parallel, dtype=precision.dtype
+    )
     model = GPTModel(
         config=mcfg,
         transformer_layer_spec=block_spec(

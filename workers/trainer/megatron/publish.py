@@ -90,19 +90,20 @@ def _dense_masters(model) -> dict[str, Tensor]:
 
 
 def _all_stages(local: dict[str, Tensor]) -> dict[str, Tensor]:
-    if parallel_state.get_pipeline_model_parallel_world_size() == 1:
+    """Merge every pipeline stage's entries (``all_gather_object``; FP8 travels as bytes)."""
+    pp = parallel_state.get_pipeline_model_parallel_world_size()
+    if pp == 1:
         return local
-    gathered: list[dict[str, Tensor] | None] = [
-        None
-    ] * parallel_state.get_pipeline_model_parallel_world_size()
-    dist.all_gather_object(
-        gathered,
-        {k: v.cpu() for k, v in local.items()},
-        group=parallel_state.get_pipeline_model_parallel_group(),
-    )
+    wire = {
+        k: (v.cpu().view(torch.uint8), True) if v.dtype == torch.float8_e4m3fn else (v.cpu(), False)
+        for k, v in local.items()
+    }
+    gathered: list[dict | None] = [None] * pp
+    dist.all_gather_object(gathered, wire, group=parallel_state.get_pipeline_model_parallel_group())
     merged: dict[str, Tensor] = {}
     for piece in gathered:
-        merged.update(piece)
+        for k, (v, fp8) in piece.items():
+            merged[k] = v.view(torch.float8_e4m3fn) if fp8 else v
     return merged
 
 
