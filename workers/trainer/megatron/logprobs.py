@@ -82,14 +82,17 @@ def vocab_parallel_entropy(
     return (total.log() - weighted / total).float()
 
 
-def response_logits(model, batch: PackedBatch) -> Tensor:
+def response_logits(model, batch: PackedBatch, hidden: Tensor | None = None) -> Tensor:
     """This rank's logits slice ``[B, R, V_pad/tp]`` at the positions predicting each response
-    token (the native ``scoring.response_hidden`` gather), single-stage models."""
-    mask = attention_mask(batch.positions, batch.lengths, batch.input_ids.shape[1])
-    hidden = forward_hidden(model, batch.input_ids, mask)
+    token (the native ``scoring.response_hidden`` gather). ``hidden``: the last stage's final
+    hidden states ``[B, S, h]`` when already computed (pipeline schedule); else a forward of a
+    single-stage model."""
+    if hidden is None:
+        mask = attention_mask(batch.positions, batch.lengths, batch.input_ids.shape[1])
+        hidden = forward_hidden(model, batch.input_ids, mask)
     r = batch.response_ids.shape[1]
     idx = batch.prompt_lengths[:, None] - 1 + torch.arange(r, device=hidden.device)[None]
-    idx = idx.clamp(max=hidden.shape[1] - 1)
+    idx = idx.clamp(max=batch.input_ids.shape[1] - 1)
     rows = hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1]))
     return model.output_layer.logits(rows, head_weight(model))
 
