@@ -35,8 +35,16 @@ def preflight(job: JobSpec, *, local: bool) -> None:
 def unsupported(job: JobSpec) -> list[str]:
     """Options the schema accepts but this release does not implement."""
     out = []
-    if job.trainer.backend == "megatron":
-        out.append("trainer.backend: megatron is not implemented yet; use native")
+    if job.trainer.backend == "megatron" and job.trainer.num_workers > 1:
+        out.append(
+            f"trainer.backend: megatron runs one rank (TP = PP = DP = 1) in this release; "
+            f"{job.trainer.num_workers} ranks (TP × PP × DP) need the multi-rank trainer launch"
+        )
+    if job.trainer.backend == "megatron" and job.precision.quant.kv_cache_dtype != "auto":
+        out.append(
+            "precision.quant.kv_cache_dtype: an FP8 KV cache is not supported with "
+            "trainer.backend=megatron yet; use auto"
+        )
     if job.rollout.backend == "sglang":
         out.append("rollout.backend: sglang is not implemented yet; use native or vllm")
     if job.trainer.num_workers > 1:
@@ -96,6 +104,11 @@ def local_problems(job: JobSpec) -> list[str]:
         out.append(
             "rollout.backend: vllm is not installed here; install the extra "
             "(FP8RL_EXTRAS=dev,vllm bash deploy/setup.sh, or pip install '.[vllm]')"
+        )
+    if job.trainer.backend == "megatron" and importlib.util.find_spec("megatron.core") is None:
+        out.append(
+            "trainer.backend: megatron-core is not installed here; install the extra "
+            "(FP8RL_EXTRAS=dev,megatron bash deploy/setup.sh, or pip install '.[megatron]')"
         )
     from fp8rl.workers.reward.functions import resolve_reward_fn
 

@@ -158,8 +158,13 @@ def launch_workers(job: JobSpec, *, started: list[Any] | None = None) -> Workers
             "num_gpus": gpus / sharing,
         }
 
+    trainer_cls, trainer_kw = TrainerWorker, {}
+    if job.trainer.backend == "megatron":  # one rank (preflight refuses more for now)
+        from fp8rl.workers.trainer.megatron.trainer import MegatronTrainer
+
+        trainer_cls, trainer_kw = MegatronTrainer, {"rank": 0, "world": 1, "port": _free_port()}
     trainer = (
-        ray.remote(TrainerWorker)
+        ray.remote(trainer_cls)
         .options(**opts(job.trainer.gpus_per_worker))
         .remote(
             job.model,
@@ -170,6 +175,7 @@ def launch_workers(job: JobSpec, *, started: list[Any] | None = None) -> Workers
             batch_size=job.batch_size,
             device=device,
             seed=seed,
+            **trainer_kw,
         )
     )
     engine_gpus = job.rollout.gpus_per_worker  # a vLLM engine with TP k holds k GPUs
@@ -294,3 +300,12 @@ def sync_weights(workers: Workers, *, include_reference: bool = False) -> int:
     versions = ray.get(applied)
     ray.get(sending)
     return versions[0]
+
+
+def _free_port() -> int:
+    """A free local TCP port (rendezvous of a one-rank Megatron trainer's process group)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -398,6 +398,35 @@ class MegatronTrainer(TrainerBackend):
             return update, None
         return update, transport.send(payload)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The native trainer's checkpoint layout (``TrainerWorker.state_dict``): the whole model
+        as float32 masters in HF names (gathered over TP and PP, so ``services.checkpoint``
+        writes and exports it unchanged), plus this rank's AdamW, scheduler, version and RNG."""
+        from fp8rl.workers.trainer.megatron.convert import megatron_to_hf
+        from fp8rl.workers.trainer.megatron.publish import _all_stages, _dense_masters
+
+        with torch.no_grad():
+            masters = _all_stages(_dense_masters(self.model))
+        return {
+            "model": {
+                k: v.cpu().clone()
+                for k, v in megatron_to_hf(masters, self.model.fp8rl_config).items()
+            },
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "version": self.version,
+            "rng": {"torch": torch.get_rng_state(), "cuda": []},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a ``state_dict()`` (HF-named weights resharded to this rank's layout; the
+        optimizer state must come from the same layout)."""
+        load_hf_weights(self.model, state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.version = int(state["version"])
+        torch.set_rng_state(state["rng"]["torch"])
+
     def _file(self) -> str:
         tp, dp, pp = self.layout.coords(self.rank)
         return f"megatron_tp{tp}_pp{pp}_dp{dp}.pt"
