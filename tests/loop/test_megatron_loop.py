@@ -12,8 +12,6 @@ from fp8rl.protocol import SpecError
 from fp8rl.services.driver import run
 from fp8rl.services.preflight import preflight
 
-pytestmark = pytest.mark.slow  # ~70 s on 2 cores (Ray start + two actors + two steps)
-
 
 @pytest.fixture(scope="module")
 def local_ray():
@@ -22,6 +20,7 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.mark.slow  # ~70 s on 2 cores (Ray start, two actors, two steps)
 def test_megatron_trainer_runs_grpo_with_zero_engine_mismatch_in_exact_mode(local_ray, tmp_path):
     job = tiny_job(
         "trainer.backend=megatron",
@@ -44,8 +43,7 @@ def test_megatron_trainer_runs_grpo_with_zero_engine_mismatch_in_exact_mode(loca
         assert {"actor/pg_loss", "actor/entropy", "timing_s/train", "timing_s/sync"} <= r.keys()
 
 
-@pytest.mark.parametrize("local", [False])
-def test_multi_rank_megatron_and_fp8_kv_are_refused_by_preflight(local):
+def test_multi_rank_megatron_and_fp8_kv_are_refused_by_preflight():
     job = tiny_job(
         "trainer.backend=megatron",
         "trainer.tensor_parallel_size=2",
@@ -54,6 +52,6 @@ def test_multi_rank_megatron_and_fp8_kv_are_refused_by_preflight(local):
         "precision.quant.kv_cache_dtype=fp8_e4m3",
     )
     with pytest.raises(SpecError) as info:
-        preflight(job, local=local)
+        preflight(job, local=False)
     fields = [p.split(":")[0] for p in info.value.problems]
     assert fields[:2] == ["trainer.backend", "precision.quant.kv_cache_dtype"]

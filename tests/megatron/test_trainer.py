@@ -86,6 +86,22 @@ def test_grpo_steps_track_the_native_trainer_and_publish_and_resume(trainers, tm
     assert torch.equal(megatron.logprobs(probe), saved)
 
 
+def test_checkpoint_state_is_the_native_layout_in_hf_names_and_restores(trainers):
+    native, megatron = trainers
+    state = megatron.state_dict()
+    native_model = native.state_dict()["model"]
+    assert sorted(state["model"]) == sorted(native_model)
+    assert all(state["model"][k].shape == native_model[k].shape for k in native_model)
+    probe = _batch(5, torch.Generator().manual_seed(3))
+    before = megatron.logprobs(probe)
+    probe.old_logp = probe.rollout_logp = before
+    probe.policy_version = megatron.version
+    megatron.train(probe)
+    megatron.load_state_dict(state)
+    assert torch.equal(megatron.logprobs(probe), before)
+    assert megatron.version == state["version"]
+
+
 def test_stale_batch_is_refused(trainers):
     _, megatron = trainers
     batch = _batch(0, torch.Generator().manual_seed(1))
