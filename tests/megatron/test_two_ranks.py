@@ -34,6 +34,7 @@ def _native(exact: bool):
     return model, receiver
 
 
+@pytest.mark.slow  # ~50 s each on 2 cores: two spawned processes import Megatron
 @pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)], ids=["tp2", "pp2"])
 def test_two_rank_publish_is_bitwise_native_and_tp2_scores_match(tmp_path, tp, pp):
     batch, out = _batch(), str(tmp_path / "rank0.pt")
