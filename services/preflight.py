@@ -105,11 +105,8 @@ def local_problems(job: JobSpec) -> list[str]:
             "rollout.backend: vllm is not installed here; install the extra "
             "(FP8RL_EXTRAS=dev,vllm bash deploy/setup.sh, or pip install '.[vllm]')"
         )
-    if job.trainer.backend == "megatron" and importlib.util.find_spec("megatron.core") is None:
-        out.append(
-            "trainer.backend: megatron-core is not installed here; install the extra "
-            "(FP8RL_EXTRAS=dev,megatron bash deploy/setup.sh, or pip install '.[megatron]')"
-        )
+    if job.trainer.backend == "megatron":
+        out += megatron_problems(job)
     from fp8rl.workers.reward.functions import resolve_reward_fn
 
     for i, fn in enumerate(job.reward.functions):
@@ -120,3 +117,30 @@ def local_problems(job: JobSpec) -> list[str]:
         except ValueError as exc:
             out.append(f"reward.functions.{i}.name: {exc}")
     return out
+
+
+def megatron_problems(job: JobSpec) -> list[str]:
+    """``trainer.backend=megatron`` on this machine: the extra is installed and the model splits
+    into TP × PP (heads, layers, whole 128×128 FP8 blocks per shard)."""
+    if importlib.util.find_spec("megatron.core") is None:
+        return [
+            "trainer.backend: megatron-core is not installed here; install the extra "
+            "(FP8RL_EXTRAS=dev,megatron bash deploy/setup.sh, or pip install '.[megatron]')"
+        ]
+    from fp8rl.workers.model.loading import resolve_model
+    from fp8rl.workers.trainer.megatron.layout import model_fit_problems
+
+    try:
+        config = resolve_model(job.model.path, load_weights=False).config
+    except (OSError, ValueError):
+        return []  # reported by the model.path check
+    t = job.trainer
+    return [
+        f"trainer.tensor_parallel_size: {problem}"
+        for problem in model_fit_problems(
+            config,
+            tp=t.tensor_parallel_size,
+            pp=t.pipeline_parallel_size,
+            fp8=job.precision.trainer_fp8,
+        )
+    ]

@@ -55,3 +55,29 @@ def test_multi_rank_megatron_and_fp8_kv_are_refused_by_preflight():
         preflight(job, local=False)
     fields = [p.split(":")[0] for p in info.value.problems]
     assert fields[:2] == ["trainer.backend", "precision.quant.kv_cache_dtype"]
+
+
+def test_preflight_names_a_tp_split_that_leaves_half_fp8_blocks():
+    job = tiny_job(  # tiny-llama: 1 KV head cannot split over TP 2
+        "trainer.backend=megatron",
+        "trainer.tensor_parallel_size=2",
+        "trainer.num_workers=2",
+    )
+    with pytest.raises(SpecError) as info:
+        preflight(job, local=True)
+    assert (
+        "trainer.tensor_parallel_size: num_key_value_heads (1) is not divisible by TP 2"
+        in info.value.problems
+    )
+
+
+def test_validate_prints_the_megatron_rank_layout(tmp_path):
+    from typer.testing import CliRunner
+
+    from fp8rl.services.cli import app
+
+    spec = tmp_path / "job.yaml"
+    spec.write_text("model: {path: 'random:tiny-llama'}\ntrainer: {backend: megatron}\n")
+    result = CliRunner().invoke(app, ["validate", str(spec)])
+    assert result.exit_code == 0, result.output
+    assert "# megatron trainer: 1 ranks = TP 1 × PP 1 × DP 1 (stage 0: ranks 0-0)" in result.output
