@@ -22,8 +22,9 @@ def precisions(exact: bool) -> tuple[LayerPrecision, LayerPrecision]:
     return trainer, receiver
 
 
-def run_rank(rank: int, world: int, tp: int, pp: int, port: int, batch, out: str) -> None:
-    """One rank: results of rank 0 are saved to ``out`` (torch.save)."""
+def run_rank(rank: int, world: int, tp: int, pp: int, sp: bool, port: int, batch, out: str) -> None:
+    """One rank: results of rank 0 are saved to ``out`` (torch.save). ``sp``: the dense float32
+    model runs sequence parallel."""
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     from fp8rl.workers.trainer.megatron.model import build_gpt_model, load_hf_weights
@@ -43,7 +44,7 @@ def run_rank(rank: int, world: int, tp: int, pp: int, port: int, batch, out: str
 
             with torch.no_grad():
                 result["logprobs"] = response_logprobs(model, batch, temperature=1.0)
-            dense = build_gpt_model(TP2_LLAMA, DENSE_FP32, max_positions=64)
+            dense = build_gpt_model(TP2_LLAMA, DENSE_FP32, max_positions=64, sequence_parallel=sp)
             load_hf_weights(dense, hf_state(TP2_LLAMA))
             logp = response_logprobs(dense, batch, temperature=1.0)
             (-(logp * batch.response_mask).sum()).backward()

@@ -207,10 +207,19 @@ def _global_name(local: str, model: GPTModel) -> str:
 def forward_hidden(model: GPTModel, input_ids: Tensor, mask: Tensor) -> Tensor:
     """Final hidden states ``[b, s, h]`` (last stage; single-stage models).
 
+    With sequence parallelism the rows are right-padded to a multiple of TP (Megatron scatters
+    the sequence over the TP ranks) and the padding is cut off again; padded keys are invisible
+    to real tokens (causal mask), so real rows are unchanged.
+
     Args:
         input_ids: ``[b, s]`` int64, right-padded.
         mask: ``[b, 1, s, s]`` bool visibility (``kernels.invariant.attention_mask``).
     """
     s = input_ids.shape[1]
-    positions = torch.arange(s, device=input_ids.device).expand_as(input_ids)
-    return model(input_ids, positions, mask)
+    if model.config.sequence_parallel:
+        pad = -s % _tp()
+        input_ids = F.pad(input_ids, (0, pad))
+        mask = F.pad(mask, (0, pad, 0, pad))
+        mask[..., s:, 0] = True  # padded queries see key 0 (a row with no key is NaN)
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+    return model(input_ids, positions, mask)[:, :s]

@@ -81,10 +81,13 @@ class MegatronTrainer(TrainerBackend):
                 f"{trainer.backend}, world {world}, num_workers {trainer.num_workers}"
             )
         self.device = pick_device(device)
-        if trainer.pipeline_parallel_size > 1 and self.device.type != "cuda":
+        if self.device.type != "cuda" and (
+            trainer.pipeline_parallel_size > 1 or trainer.sequence_parallel
+        ):
             raise ValueError(
-                "trainer.pipeline_parallel_size > 1 needs CUDA (Megatron's pipeline schedules "
-                "allocate CUDA tensors)"
+                "trainer.pipeline_parallel_size > 1 and trainer.sequence_parallel need CUDA "
+                "(Megatron's pipeline schedules and sequence-parallel collectives allocate CUDA "
+                "tensors)"
             )
         self.spec, self.algorithm, self.precision, self.rank = trainer, algorithm, precision, rank
         self.layout = init_parallel(
