@@ -399,7 +399,25 @@ class MegatronTrainer(TrainerBackend):
         )
         if self.rank != 0:
             return update, None
+        if transport.name == "nccl":  # receivers need the manifest first; ``broadcast`` sends
+            self._pending = payload
+            return update, None
         return update, transport.send(payload)
+
+    def broadcast(self) -> None:
+        """Send the last published payload over the NCCL weight-sync group (rank 0)."""
+        payload, self._pending = self._pending, None
+        self.transports["nccl"].send(payload)
+
+    def free_address(self) -> tuple[str, int]:
+        """This node's IP and a free TCP port (rendezvous of the NCCL weight-broadcast group)."""
+        import socket
+
+        import ray
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            return ray.util.get_node_ip_address(), sock.getsockname()[1]
 
     def state_dict(self) -> dict[str, Any]:
         """The native trainer's checkpoint layout (``TrainerWorker.state_dict``): the whole model
