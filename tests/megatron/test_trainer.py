@@ -25,14 +25,25 @@ COMMON = [
 ]
 
 
-@pytest.fixture(scope="module")
-def trainers():
+CUDA = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    ],
+)
+
+
+@pytest.fixture(scope="module", params=["cpu", CUDA])
+def trainers(request):
+    """(native, megatron) trainers on one device; on CUDA the Megatron trainer runs Megatron's
+    ``get_forward_backward_func`` schedule (not run in this repository's CI yet)."""
     from fp8rl.workers.trainer.megatron.parallel import shutdown_parallel
     from fp8rl.workers.trainer.megatron.trainer import MegatronTrainer
 
     native_job = parse_job_spec("", COMMON)
     job = parse_job_spec("", [*COMMON, "trainer.backend=megatron"])
-    kw = {"total_steps": 3, "batch_size": 4, "device": "cpu"}
+    kw = {"total_steps": 3, "batch_size": 4, "device": request.param}
     native = TrainerWorker(
         native_job.model, native_job.trainer, native_job.algorithm, native_job.precision, **kw
     )
