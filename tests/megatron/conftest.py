@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import socket
 import warnings
 
 import pytest
-
-
-def free_port() -> int:
-    """An unused local TCP port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from megatron_configs import free_port
 
 
 @pytest.fixture(scope="module")

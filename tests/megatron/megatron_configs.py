@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import torch
 
 from fp8rl.workers.model.config import DecoderConfig
@@ -57,3 +59,10 @@ def hf_state(config: DecoderConfig, seed: int = 0) -> dict[str, torch.Tensor]:
         if name.endswith(("bias", "norm.weight", "layernorm.weight")):
             tensor.normal_(1.0 if "norm" in name else 0.0, 0.1)
     return state
+
+
+def free_port() -> int:
+    """An unused local TCP port (process-group rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import free_port
+from megatron_configs import free_port
 
 from fp8rl.protocol import parse_job_spec
 from fp8rl.workers.model.scoring import pack

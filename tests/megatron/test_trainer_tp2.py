@@ -8,8 +8,7 @@ import json
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import free_port
-from megatron_configs import TP2_LLAMA, hf_state
+from megatron_configs import TP2_LLAMA, free_port, hf_state
 from safetensors.torch import save_file
 
 from fp8rl.protocol import parse_job_spec

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import free_port
-from megatron_configs import TP2_LLAMA, hf_state
+from megatron_configs import TP2_LLAMA, free_port, hf_state
 from megatron_tp_worker import DENSE_FP32, precisions, run_rank
 
 from fp8rl.workers.model.build import build_decoder
