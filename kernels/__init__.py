@@ -8,7 +8,7 @@ wrapper.
 
 from fp8rl.kernels.backend import kernel_backend
 from fp8rl.kernels.gemm import fp8_gemm, fp8_gemm_reference, scaled_mm_scales
-from fp8rl.kernels.linear import FP8Linear, fp8_linear
+from fp8rl.kernels.linear import FP8Linear, FP8LinearFunction, fp8_linear
 from fp8rl.kernels.quant import (
     FP8_DTYPE,
     FP8_E4M3_MAX,
@@ -35,6 +35,7 @@ __all__ = [
     "GROUP",
     "MIN_SCALE",
     "FP8Linear",
+    "FP8LinearFunction",
     "QuantizedTensor",
     "fp8_gemm",
     "fp8_gemm_reference",

@@ -155,8 +155,16 @@ def _backward_gemm(
     return fp8_gemm_dequantized(a, b, out_dtype=out_dtype)
 
 
-class _FP8LinearFunction(torch.autograd.Function):
-    """FProp / DGrad / WGrad of DESIGN.md §2 with the activation saved in FP8."""
+class FP8LinearFunction(torch.autograd.Function):
+    """FProp / DGrad / WGrad of DESIGN.md §2 with the activation saved in FP8.
+
+    ``FP8LinearFunction.apply(x, weight, bias, w_codes, w_scale, exact, scale_format,
+    check_finite)``: ``x [..., K]``, master ``weight [N, K]`` (only its dtype and gradient slot are
+    used), optional ``bias [N]``, and the weight's 128×128 quantization (``w_codes`` E4M3
+    ``[N, K]``, ``w_scale`` float32 ``[ceil(N/128), ceil(K/128)]``). Returns ``[..., N]`` in
+    ``x.dtype``. Public so parallel layers (Megatron's Column/RowParallelLinear) run the same
+    FProp/DGrad/WGrad on their local shard as ``FP8Linear``.
+    """
 
     @staticmethod
     def forward(ctx, x, weight, bias, w_codes, w_scale, exact, scale_format, check_finite):
@@ -360,7 +368,7 @@ class FP8Linear(nn.Module):
             raise ValueError(
                 f"input has {x.shape[-1]} features, FP8Linear expects {self.in_features}"
             )
-        return _FP8LinearFunction.apply(
+        return FP8LinearFunction.apply(
             x,
             self.weight,
             self.bias,

@@ -78,16 +78,45 @@ class NativeTrainer(_TrainerCommon):
 
 
 class MegatronTrainer(_TrainerCommon):
-    """Megatron-core trainer for tensor/pipeline parallel training (needs CUDA)."""
+    """Megatron-core trainer for tensor/pipeline parallel training (fp8rl's FP8 linears inside
+    Megatron's parallel layers).
+
+    Rank layout: ``num_workers`` = TP × PP × DP trainer actors (one per rank, one GPU each on a
+    GPU cluster); ``DP = num_workers / (tensor_parallel_size × pipeline_parallel_size)``. Ranks are
+    ordered TP fastest, then DP, then PP (Megatron's ``tp-dp-pp`` order), so a TP group is
+    ``tensor_parallel_size`` consecutive ranks (one node when it fits).
+    """
 
     backend: Literal["megatron"] = "megatron"
     """Discriminator: Megatron-core."""
 
     tensor_parallel_size: int = Field(default=1, ge=1)
-    """Megatron tensor-parallel size."""
+    """Megatron tensor-parallel size (must divide the attention and KV heads)."""
 
     pipeline_parallel_size: int = Field(default=1, ge=1)
-    """Megatron pipeline-parallel size."""
+    """Megatron pipeline-parallel size (must divide the decoder layers)."""
+
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism (norms and dropout on sequence shards); needs
+    ``tensor_parallel_size > 1``."""
+
+    @model_validator(mode="after")
+    def _check_layout(self) -> MegatronTrainer:
+        model_parallel = self.tensor_parallel_size * self.pipeline_parallel_size
+        if self.num_workers % model_parallel:
+            raise ValueError(
+                f"num_workers ({self.num_workers}) must be a multiple of tensor_parallel_size × "
+                f"pipeline_parallel_size ({self.tensor_parallel_size} × "
+                f"{self.pipeline_parallel_size} = {model_parallel}); num_workers = TP × PP × DP"
+            )
+        if self.sequence_parallel and self.tensor_parallel_size == 1:
+            raise ValueError("sequence_parallel needs tensor_parallel_size > 1")
+        return self
+
+    @property
+    def data_parallel_size(self) -> int:
+        """DP = num_workers / (TP × PP)."""
+        return self.num_workers // (self.tensor_parallel_size * self.pipeline_parallel_size)
 
 
 TrainerSpec = tagged_union("backend", "native", NativeTrainer, MegatronTrainer)

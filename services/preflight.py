@@ -38,8 +38,16 @@ def preflight(job: JobSpec, *, local: bool) -> None:
 def unsupported(job: JobSpec) -> list[str]:
     """Options the schema accepts but this release does not implement."""
     out = []
-    if job.trainer.backend == "megatron":
-        out.append("trainer.backend: megatron is not implemented yet; use native")
+    if job.trainer.backend == "megatron" and job.trainer.num_workers > 1:
+        out.append(
+            f"trainer.backend: megatron runs one rank (TP = PP = DP = 1) in this release; "
+            f"{job.trainer.num_workers} ranks (TP × PP × DP) need the multi-rank trainer launch"
+        )
+    if job.trainer.backend == "megatron" and job.precision.quant.kv_cache_dtype != "auto":
+        out.append(
+            "precision.quant.kv_cache_dtype: an FP8 KV cache is not supported with "
+            "trainer.backend=megatron yet; use auto"
+        )
     if job.rollout.backend == "sglang" and job.precision.exact:
         out.append(
             "precision.exact: true needs fp8rl's batch-invariant kernels; rollout.backend: sglang "
@@ -107,6 +115,8 @@ def local_problems(job: JobSpec) -> list[str]:
             "rollout.backend: sglang is not installed here; run the SGLang image "
             "(deploy/Dockerfile.sglang, docs/sglang.md)"
         )
+    if job.trainer.backend == "megatron":
+        out += megatron_problems(job)
     from fp8rl.workers.reward.functions import resolve_reward_fn
 
     for i, fn in enumerate(job.reward.functions):
@@ -117,3 +127,30 @@ def local_problems(job: JobSpec) -> list[str]:
         except ValueError as exc:
             out.append(f"reward.functions.{i}.name: {exc}")
     return out
+
+
+def megatron_problems(job: JobSpec) -> list[str]:
+    """``trainer.backend=megatron`` on this machine: the extra is installed and the model splits
+    into TP × PP (heads, layers, whole 128×128 FP8 blocks per shard)."""
+    if importlib.util.find_spec("megatron.core") is None:
+        return [
+            "trainer.backend: megatron-core is not installed here; install the extra "
+            "(FP8RL_EXTRAS=dev,megatron bash deploy/setup.sh, or pip install '.[megatron]')"
+        ]
+    from fp8rl.workers.model.loading import resolve_model
+    from fp8rl.workers.trainer.megatron.layout import model_fit_problems
+
+    try:
+        config = resolve_model(job.model.path, load_weights=False).config
+    except (OSError, ValueError):
+        return []  # reported by the model.path check
+    t = job.trainer
+    return [
+        f"trainer.tensor_parallel_size: {problem}"
+        for problem in model_fit_problems(
+            config,
+            tp=t.tensor_parallel_size,
+            pp=t.pipeline_parallel_size,
+            fp8=job.precision.trainer_fp8,
+        )
+    ]

@@ -170,8 +170,13 @@ def launch_workers(
     def opts(role: str, index: int = 0) -> dict[str, Any]:
         return actor_options(plan, role, index, placement)
 
+    trainer_cls, trainer_kw = TrainerWorker, {}
+    if job.trainer.backend == "megatron":  # one rank (preflight refuses more for now)
+        from fp8rl.workers.trainer.megatron.trainer import MegatronTrainer
+
+        trainer_cls, trainer_kw = MegatronTrainer, {"rank": 0, "world": 1, "port": _free_port()}
     trainer = (
-        ray.remote(TrainerWorker)
+        ray.remote(trainer_cls)
         .options(**opts("trainer"))
         .remote(
             job.model,
@@ -182,6 +187,7 @@ def launch_workers(
             batch_size=job.batch_size,
             device=device,
             seed=seed,
+            **trainer_kw,
         )
     )
     rollout = [
@@ -321,3 +327,12 @@ def sync_weights(workers: Workers, *, include_reference: bool = False) -> int:
     versions = ray.get(applied)
     ray.get(sending)
     return versions[0]
+
+
+def _free_port() -> int:
+    """A free local TCP port (rendezvous of a one-rank Megatron trainer's process group)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

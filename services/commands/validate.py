@@ -57,6 +57,14 @@ def validate(
     typer.echo(yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False).rstrip())
     typer.echo(f"# precision.mode: {job.precision.mode}  exact: {job.precision.exact}")
     typer.echo(f"# quant fingerprint: {job.precision.quant.fingerprint()}")
+    if job.trainer.backend == "megatron":
+        from fp8rl.workers.trainer.megatron.layout import ParallelLayout
+
+        t = job.trainer
+        layout = ParallelLayout.from_world(
+            t.num_workers, tp=t.tensor_parallel_size, pp=t.pipeline_parallel_size
+        )
+        typer.echo(f"# megatron trainer: {layout.describe()}")
 
 
 def _advice(job: JobSpec, *, local: bool) -> str:

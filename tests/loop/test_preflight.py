@@ -18,9 +18,17 @@ def _problems(*overrides: str, local: bool = True) -> list[str]:
     return info.value.problems
 
 
-def test_unimplemented_backends_are_refused_naming_each_field():
-    problems = _problems("trainer.backend=megatron", local=False)
-    assert [p.split(":")[0] for p in problems] == ["trainer.backend"]
+def test_megatron_with_several_ranks_or_an_fp8_kv_cache_is_refused_naming_each_field():
+    problems = _problems(
+        "trainer.backend=megatron",
+        "trainer.num_workers=2",
+        "precision.quant.kv_cache_dtype=fp8_e4m3",
+        local=False,
+    )
+    assert [p.split(":")[0] for p in problems] == [
+        "trainer.backend",
+        "precision.quant.kv_cache_dtype",
+    ]
 
 
 def test_sglang_backend_refuses_exact_mode_and_a_missing_sglang(monkeypatch):

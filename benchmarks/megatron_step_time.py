@@ -1,0 +1,83 @@
+"""Train-step time of the Megatron trainer vs the native trainer (same spec, same batches).
+
+Usage: ``python benchmarks/megatron_step_time.py [cpu|cuda]``. Prints one line per exact mode:
+the median seconds per ``train()`` call of steps 2-4 for each backend.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+
+import torch
+
+from fp8rl.protocol import parse_job_spec
+from fp8rl.workers.model.scoring import pack
+from fp8rl.workers.trainer.batch import TrainBatch
+from fp8rl.workers.trainer.megatron.parallel import shutdown_parallel
+from fp8rl.workers.trainer.megatron.trainer import MegatronTrainer
+from fp8rl.workers.trainer.worker import TrainerWorker
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(device: str = "cpu") -> None:
+    """Time 4 steps per backend and exact mode on random:tiny-llama (8 × 112 tokens)."""
+    torch.set_num_threads(1)
+    for exact in ("false", "true"):
+        common = [
+            "model.path=random:tiny-llama",
+            "model.max_model_len=128",
+            "precision.mode=unified_fp8",
+            f"precision.exact={exact}",
+            "trainer.micro_batch_size=4",
+            "rollout.n=2",
+            "data.prompts_per_step=4",
+            "data.max_prompt_tokens=64",
+            "rollout.max_tokens=64",
+        ]
+        native_job = parse_job_spec("", common)
+        job = parse_job_spec("", [*common, "trainer.backend=megatron"])
+        kw = {"total_steps": 10, "batch_size": 8, "device": device}
+        trainers = {
+            "native": TrainerWorker(
+                native_job.model,
+                native_job.trainer,
+                native_job.algorithm,
+                native_job.precision,
+                **kw,
+            ),
+            "megatron": MegatronTrainer(
+                job.model, job.trainer, job.algorithm, job.precision, port=_port(), **kw
+            ),
+        }
+        g = torch.Generator().manual_seed(0)
+        packed = pack(
+            [torch.randint(0, 49152, (48,), generator=g).tolist() for _ in range(8)],
+            [torch.randint(0, 49152, (64,), generator=g).tolist() for _ in range(8)],
+        )
+        times: dict[str, list[float]] = {name: [] for name in trainers}
+        for step in range(4):
+            advantages = torch.randn(8, 64, generator=g)
+            batch = TrainBatch(packed, advantages * 0, advantages * 0, advantages, None, step, 1.0)
+            for name, trainer in trainers.items():
+                batch.old_logp = batch.rollout_logp = trainer.logprobs(batch)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                trainer.train(batch)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                times[name].append(time.perf_counter() - start)
+        medians = {name: round(sorted(t[1:])[1], 3) for name, t in times.items()}
+        print(f"exact={exact} seconds/step {medians}")
+        shutdown_parallel()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

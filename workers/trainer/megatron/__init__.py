@@ -1,0 +1,1 @@
+"""Megatron-core trainer backend: fp8rl FP8 linears inside Megatron parallel layers."""
