@@ -25,7 +25,9 @@ def preflight(job: JobSpec, *, local: bool) -> None:
             functions are checked too (the REST API checks only what does not depend on the
             machine that will run it: it never reads paths from request input).
     """
-    problems = unsupported(job) + template_problems(job)
+    from fp8rl.workers.reward.isolated import regex_problems
+
+    problems = unsupported(job) + template_problems(job) + regex_problems(job.reward)
     if local:
         problems += local_problems(job)
     if problems:
