@@ -9,7 +9,8 @@ driver's pid. When the driver is gone, for any reason, the watchdog stops the he
 head's temp dir. ``stop`` does the same at a normal exit.
 
 Ray's auth-token file (``~/.ray/auth_token`` or ``$RAY_AUTH_TOKEN_PATH``) is made private (0600)
-whenever a head is started: Ray writes it readable by everyone.
+whenever a head is started (``start_local_ray``, also for ``fp8rl serve``): Ray writes it
+readable by everyone.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fp8rl.services.api.ray_launcher import LocalRay, start_local_ray
+from fp8rl.services.api.ray_launcher import LocalRay, make_token_private, start_local_ray
+
+__all__ = ["PrivateRay", "make_token_private", "session_members", "start_private_ray", "stop_head"]
 
 log = logging.getLogger("fp8rl.private_ray")
 
@@ -62,7 +65,6 @@ def start_private_ray(*, num_cpus: int | None = None) -> PrivateRay:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     temp_dir = Path(tempfile.mkdtemp(prefix="fp8rl-ray-"))
     head = start_local_ray(temp_dir / "head.log", temp_dir=temp_dir, num_cpus=num_cpus)
-    make_token_private()
     watchdog = subprocess.Popen(
         [
             sys.executable,
@@ -104,17 +106,6 @@ def session_members(session_id: int) -> list[int]:
         if int(fields[3]) == session_id and fields[0] != "Z":
             members.append(int(entry.name))
     return members
-
-
-def make_token_private() -> Path | None:
-    """chmod 0600 Ray's auth-token file when it exists and is ours; returns its path."""
-    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
-    try:
-        if path.stat().st_uid == os.getuid() and path.stat().st_mode & 0o077:
-            path.chmod(0o600)
-    except OSError:
-        return None
-    return path
 
 
 def _alive(pid: int) -> bool:
