@@ -167,7 +167,6 @@ async def create_run(
                 headers={"Location": f"{API_PREFIX}/runs/{run_id}", "Idempotent-Replayed": "true"},
             )
     try:
-        await run_in_threadpool(service.admit)  # 429 before any parsing when the server is full
         job = await run_in_threadpool(service.resolve_spec, body, content_type, override)
         request_key = None if key is None else f"{key}\0{request_hash}"
         run = await run_in_threadpool(service.create, job, request_key=request_key)

@@ -151,3 +151,17 @@ def test_run_recorded_but_never_submitted_is_submitted_by_the_retry(settings, fa
         retry = _post(client, key="key-2")
         assert retry.status_code == 201 and retry.json()["id"] == run.id
         assert [job["job_id"] for job in fake.submitted] == [run.ray_job_id]
+
+
+def test_retry_of_a_created_run_is_found_even_when_the_server_is_full(settings, fake):
+    settings.max_active_runs = 1
+    with TestClient(create_app(settings, launcher=fake)) as client:
+        first = _post(client, key="key-3").json()["id"]
+        store = client.app.state.service.store
+        with store.engine.begin() as conn:  # the response was never stored (crash)
+            from fp8rl.services.store.schema import idempotency_keys
+
+            conn.execute(idempotency_keys.delete())
+        retry = _post(client, key="key-3")
+        assert retry.status_code == 201 and retry.json()["id"] == first
+        assert _post(client).status_code == 429  # a new run still waits for a slot
