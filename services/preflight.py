@@ -27,7 +27,9 @@ def preflight(job: JobSpec, *, local: bool) -> None:
     """
     from fp8rl.workers.reward.isolated import regex_problems
 
-    problems = unsupported(job) + template_problems(job) + regex_problems(job.reward)
+    problems = unsupported(job) + template_problems(job) + regex_problems(job.reward.functions)
+    for name, terms in job.eval.rewards.items():
+        problems += regex_problems(terms, prefix=f"eval.rewards.{name}")
     if local:
         problems += local_problems(job)
     if problems:

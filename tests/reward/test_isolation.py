@@ -123,3 +123,13 @@ def test_default_format_pattern_still_matches_boxes_and_markers():
     worker = RewardWorker(RewardSpec(functions=[{"name": "format"}]))
     rewards = [o.reward for o in worker.score([item("\\boxed{3}"), item("#### 4"), item("4")])]
     assert rewards == [1.0, 1.0, 0.0]
+
+
+def test_eval_reward_patterns_are_checked_too():
+    job = parse_job_spec(
+        "reward: {functions: [{name: arithmetic}]}\n"
+        "eval: {rewards: {gsm8k_test: [{name: format, kwargs: {pattern: '(?=x)'}}]}}"
+    )
+    with pytest.raises(SpecError) as info:
+        preflight(job, local=False)
+    assert info.value.problems[0].startswith("eval.rewards.gsm8k_test.0.kwargs.pattern: ")

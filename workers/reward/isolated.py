@@ -18,7 +18,7 @@ import functools
 import sys
 from typing import Any
 
-from fp8rl.protocol.reward_spec import BUILTIN_REWARDS, RewardSpec
+from fp8rl.protocol.reward_spec import BUILTIN_REWARDS, RewardFnSpec, RewardSpec
 from fp8rl.workers.reward.subprocess_pool import SubprocessPool
 
 PATTERN_KWARGS = ("pattern",)
@@ -43,10 +43,10 @@ def compile_user_regex(pattern: str, *, dotall: bool = True) -> Any:
         ) from None
 
 
-def regex_problems(spec: RewardSpec, prefix: str = "reward.functions") -> list[str]:
+def regex_problems(terms: list[RewardFnSpec], prefix: str = "reward.functions") -> list[str]:
     """``prefix.N.kwargs.pattern: reason`` for each user pattern RE2 refuses."""
     problems = []
-    for index, term in enumerate(spec.functions):
+    for index, term in enumerate(terms):
         for key in PATTERN_KWARGS:
             value = term.kwargs.get(key)
             if value is None:

@@ -38,7 +38,7 @@ class RewardWorker:
 
     def __init__(self, spec: RewardSpec) -> None:
         self.spec = spec
-        problems = regex_problems(spec)
+        problems = regex_problems(spec.functions)
         if problems:
             raise ValueError("; ".join(problems))
         self._fns = {term.name: resolve_reward_fn(term.name) for term in spec.functions}
