@@ -39,6 +39,8 @@ JSON_TYPES = ("application/json",)
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/plain")
 SPEC_FILE = "spec.yaml"
 RESUME_ALLOWED = ("auto", "never")
+SUBMIT_FAILED = "could not submit"
+"""Error prefix of a run whose job Ray never received (an idempotent retry starts it afresh)."""
 ADMISSION_RETRY_S = 30
 """``Retry-After`` of a 429 for too many active runs (seconds)."""
 
@@ -140,7 +142,9 @@ class RunService:
         """
         run_id = run_id_for(job.name, request_key)
         existing = self.store.get_run(run_id)
-        if existing is not None:
+        if existing is not None and (existing.error or "").startswith(SUBMIT_FAILED):
+            self.store.delete_run(run_id)  # Ray never had it: the retry is a fresh attempt
+        elif existing is not None:
             return self._resubmit_if_lost(existing)
         with self._admission:
             self.admit()
@@ -168,7 +172,7 @@ class RunService:
                 env_vars={STORE_URL_ENV: self.store_url, RUN_ID_ENV: run.id},
             )
         except LauncherUnavailable as exc:
-            self.store.finish(run.id, RunState.FAILED, error=f"could not submit: {exc}")
+            self.store.finish(run.id, RunState.FAILED, error=f"{SUBMIT_FAILED}: {exc}")
             raise ApiProblem(
                 503,
                 "Ray unavailable",

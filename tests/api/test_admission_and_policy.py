@@ -165,3 +165,14 @@ def test_retry_of_a_created_run_is_found_even_when_the_server_is_full(settings, 
         retry = _post(client, key="key-3")
         assert retry.status_code == 201 and retry.json()["id"] == first
         assert _post(client).status_code == 429  # a new run still waits for a slot
+
+
+def test_retry_after_ray_was_unreachable_submits_afresh(client, fake):
+    fake.unreachable = True
+    failed = _post(client, key="key-4")
+    assert failed.status_code == 503
+    fake.unreachable = False
+    retry = _post(client, key="key-4")
+    assert retry.status_code == 201 and retry.json()["state"] == "PENDING"
+    assert len(fake.submitted) == 1
+    assert client.get(RUNS, headers=AUTH).json()["total"] == 1
