@@ -12,8 +12,8 @@ from fp8rl.protocol.base import StrictModel
 class HealthSpec(StrictModel):
     """Per-step checks of rewards, loss, gradients, entropy and mismatch.
 
-    A non-finite value is unhealthy at once; a collapse signal (entropy near uniform, a dead
-    gradient, a mismatch blow-up) is unhealthy once it has held ``patience_steps`` steps in a
+    A non-finite value is unhealthy at once; a collapse signal (entropy near uniform or near 0, a
+    dead gradient, a mismatch blow-up) is unhealthy once it has held ``patience_steps`` steps in a
     row. ``action=fail`` then stops the run FAILED with the metric named.
     """
 
@@ -27,6 +27,10 @@ class HealthSpec(StrictModel):
     entropy_collapse_fraction: float = Field(default=0.01, ge=0, lt=1)
     """Collapse signal: token entropy (``actor/entropy``) within this fraction of ln(vocab size),
     i.e. a policy close to uniform over the vocabulary. 0 turns the signal off."""
+
+    min_entropy: float = Field(default=0.1, ge=0)
+    """Collapse signal: ``actor/entropy`` below this many nats/token (a policy that became
+    deterministic, as after a destructive update). 0 turns the signal off."""
 
     dead_gradient: bool = True
     """Collapse signal: ``actor/grad_norm`` is 0 while some advantage is non-zero."""

@@ -61,7 +61,8 @@ def near_uniform(entropy: float, vocab_size: int, fraction: float) -> bool:
 def collapse_signals(
     metrics: Mapping[str, float], advantages: Tensor | None, spec: HealthSpec, vocab_size: int
 ) -> dict[str, str]:
-    """Collapse signals of one step, by metric name → description.
+    """Collapse signals of one step, by rule (``entropy_uniform``, ``entropy_zero``,
+    ``dead_gradient``, ``mismatch``) → a description naming the metric.
 
     Args:
         metrics: the step's metrics (``actor/entropy`` in nats/token, ``actor/grad_norm``,
@@ -73,20 +74,25 @@ def collapse_signals(
     entropy = metrics.get("actor/entropy")
     uniform = math.log(vocab_size)
     if entropy is not None and near_uniform(entropy, vocab_size, spec.entropy_collapse_fraction):
-        out["actor/entropy"] = (
+        out["entropy_uniform"] = (
             f"actor/entropy {entropy:.4g} is within {spec.entropy_collapse_fraction:.0%} of "
             f"ln V = {uniform:.4g} (a near-uniform policy; health.entropy_collapse_fraction)"
+        )
+    if entropy is not None and entropy < spec.min_entropy:
+        out["entropy_zero"] = (
+            f"actor/entropy {entropy:.3g} < health.min_entropy={spec.min_entropy:g} "
+            "(a deterministic policy: entropy collapse)"
         )
     grad_norm = metrics.get("actor/grad_norm")
     if spec.dead_gradient and grad_norm == 0 and advantages is not None:
         largest = float(advantages.abs().max()) if advantages.numel() else 0.0
         if largest > 0:
-            out["actor/grad_norm"] = (
+            out["dead_gradient"] = (
                 f"actor/grad_norm is 0 while advantages reach {largest:.3g} (health.dead_gradient)"
             )
     kl = metrics.get("mismatch/kl_k3")
     if spec.max_mismatch_kl is not None and kl is not None and kl > spec.max_mismatch_kl:
-        out["mismatch/kl_k3"] = (
+        out["mismatch"] = (
             f"mismatch/kl_k3 {kl:.4g} > health.max_mismatch_kl={spec.max_mismatch_kl:g}"
         )
     return out
@@ -129,7 +135,7 @@ class HealthGuard:
             health.problems += nonfinite_problems(metrics)
         health.signals = collapse_signals(metrics, advantages, self.spec, self.vocab_size)
         if not self._entropy_judged(metrics):
-            health.signals.pop("actor/entropy", None)
+            health.signals.pop("entropy_uniform", None)
         self._streaks = {name: self._streaks.get(name, 0) + 1 for name in health.signals}
         for name, streak in self._streaks.items():
             if streak >= self.spec.patience_steps:

@@ -58,6 +58,19 @@ def test_entropy_collapse_stops_after_patience_steps_naming_the_metric():
     assert guard.last_healthy_step == 1  # the checkpoint after step 0 is the last healthy one
 
 
+def test_collapse_to_a_deterministic_policy_stops_the_run():
+    # quickstart with trainer.lr=1e3 (measured on CPU): entropy 2.05 -> 0.065 -> 0.0, reward 0,
+    # grad_norm 0 with all advantages 0 (every group scored the same), so no dead-gradient signal
+    guard = HealthGuard(HealthSpec(patience_steps=2), vocab_size=V)
+    zero = torch.zeros(4, 3)
+    guard.check_step(0, good(**{"actor/entropy": 2.05}), ADV)
+    after = {"reward/mean": 0.0, "actor/grad_norm": 0.0}
+    assert guard.check_step(1, good(**after, **{"actor/entropy": 0.065}), zero).signals
+    with pytest.raises(RunUnhealthy, match=r"actor/entropy 0 < health\.min_entropy=0\.1 "):
+        guard.check_step(2, good(**after, **{"actor/entropy": 0.0}), zero)
+    assert guard.last_healthy_step == 1  # the checkpoint after step 0 stays the healthy one
+
+
 def test_a_signal_that_clears_resets_its_streak():
     guard = HealthGuard(HealthSpec(patience_steps=2), vocab_size=V)
     guard.check_step(0, good(), ADV)
