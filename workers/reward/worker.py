@@ -66,7 +66,9 @@ class RewardWorker:
                 failed[index] |= bad
         if self._remote is not None and todo:
             for index, remote in enumerate(self._remote.score(todo)):
-                terms[index]["remote"] = remote.reward
+                terms[index]["remote"] = (
+                    self.spec.failure_reward if remote.timed_out else remote.reward
+                )
                 timed_out[index] |= remote.timed_out
                 failed[index] |= remote.timed_out
                 self.num_timeouts += remote.timed_out
