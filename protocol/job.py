@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 from fp8rl.protocol.algorithm_spec import AlgorithmSpec
 from fp8rl.protocol.base import StrictModel
 from fp8rl.protocol.data_spec import DataSpec
+from fp8rl.protocol.health_spec import HealthSpec
 from fp8rl.protocol.model_spec import ModelSpec
 from fp8rl.protocol.quant import PrecisionSpec
 from fp8rl.protocol.reward_spec import RewardSpec
@@ -69,6 +70,9 @@ class JobSpec(StrictModel):
 
     eval: EvalSpec = Field(default_factory=EvalSpec)
     """Held-out evaluation."""
+
+    health: HealthSpec = Field(default_factory=HealthSpec)
+    """Training health rules (NaN/inf, collapse) and what a failing rule does."""
 
     @field_validator("name")
     @classmethod

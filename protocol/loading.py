@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from fp8rl.protocol.base import UNION_TAGS
 from fp8rl.protocol.job import JobSpec
+from fp8rl.protocol.limits import LimitError, check_data_limits, load_yaml_bounded
 
 
 class SpecError(ValueError):
@@ -51,7 +52,9 @@ def parse_job_spec(
 ) -> JobSpec:
     """Like ``load_job_spec`` but from YAML text."""
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
+        data = load_yaml_bounded(text, _UniqueKeyLoader)
+    except LimitError as exc:
+        raise SpecError([f"(document): refused, {exc}"], source) from None
     except yaml.YAMLError as exc:
         raise SpecError(
             [f"not valid YAML: {exc}".replace("<unicode string>", source)], source
@@ -90,13 +93,22 @@ def _parse_value(raw: str) -> Any:
         text = raw.strip()
         return int(text) if re.fullmatch(r"[+-]?\d+", text) else float(text)
     try:
-        return yaml.safe_load(raw) if raw.strip() else ""
+        return load_yaml_bounded(raw) if raw.strip() else ""
+    except LimitError as exc:
+        raise SpecError([f"override value refused: {exc}"]) from None
     except yaml.YAMLError:
         return raw
 
 
 def validate_job_spec(data: dict[str, Any], *, source: str = "job spec") -> JobSpec:
-    """Validate a plain dict as a JobSpec, converting pydantic errors into ``SpecError``."""
+    """Validate a plain dict as a JobSpec, converting pydantic errors into ``SpecError``.
+
+    Data deeper than ``limits.MAX_DEPTH`` or larger than ``limits.MAX_NODES`` is refused first.
+    """
+    try:
+        check_data_limits(data)
+    except LimitError as exc:
+        raise SpecError([f"(document): refused, {exc}"], source) from None
     try:
         return JobSpec.model_validate(data)
     except ValidationError as exc:

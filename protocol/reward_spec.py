@@ -63,7 +63,15 @@ class RewardSpec(StrictModel):
     """Reward of a truncated response when ``truncated=penalty``."""
 
     timeout_s: float = Field(default=10.0, gt=0)
-    """Outer timeout per response for verifier-based rewards (math-verify); a timeout scores 0."""
+    """Wall-time bound of one call of ``math`` (math-verify) or of a custom function, each run in a
+    child process that is killed on timeout; the term then scores ``failure_reward``."""
+
+    failure_reward: float = 0.0
+    """Value of a term whose call timed out or raised (counted in ``reward/timeouts``/``reward/errors``)."""
+
+    max_failure_fraction: float = Field(default=0.5, ge=0, le=1)
+    """The run fails, naming the cause, when more than this fraction of a batch's responses had a
+    term time out or raise."""
 
     num_workers: int = Field(default=1, ge=1)
     """Reward actors."""

@@ -22,6 +22,7 @@ from fp8rl.protocol import JobSpec, RunState, SpecError, load_job_spec
 from fp8rl.services.checkpoint import Checkpointer, checkpoint_step
 from fp8rl.services.data import PromptSampler, build_dataset
 from fp8rl.services.eval_phase import Evaluator
+from fp8rl.services.health import HealthGuard
 from fp8rl.services.preflight import preflight
 from fp8rl.services.rollout_phase import PromptFeed, collect
 from fp8rl.services.run_dir import prepare_run_dir, run_dir_of
@@ -88,11 +89,13 @@ def train_loop(s: Session, workers: Workers) -> dict[str, float]:
             quant_fingerprint=job.precision.quant.fingerprint(), run_dir=str(run_dir_of(job))
         )
     metrics, done, stopped = {}, s.start, False
+    health = HealthGuard(job.health, vocab_size=len(tokenizer), start=s.start)
     for step in range(s.start, job.steps):
         s.tracker.status(f"step {step} running")
         timer = PhaseTimer()
         with timer("rollout"):
             rollouts = collect(job, s.feed, workers.rollout, workers.reward, tokenizer, step=step)
+        health.check_rewards(step, rollouts.rewards)  # a NaN never reaches the update
         batch = new_batch(rollouts, job, pad_id=tokenizer.pad_token_id or 0)
         with timer("ref"):
             batch.ref_logp = reference_logprobs(workers, batch)
@@ -108,6 +111,7 @@ def train_loop(s: Session, workers: Workers) -> dict[str, float]:
             version = sync_weights(workers)
         metrics = step_metrics(rollouts, batch, mismatch, train_metrics, timer, version=version)
         log_step(s.tracker, step, metrics, rollouts, batch)
+        health.check_step(step, metrics, batch.advantages)  # RunUnhealthy: FAILED
         if s.evaluator.due(step):
             metrics |= evaluate(s, workers, step)
         done = step + 1

@@ -28,7 +28,12 @@ def preflight(job: JobSpec, *, local: bool) -> None:
             functions are checked too (the REST API checks only what does not depend on the
             machine that will run it: it never reads paths from request input).
     """
+    from fp8rl.workers.reward.isolated import regex_problems
+
     problems = unsupported(job) + template_problems(job) + placement_problems(job, local=local)
+    problems += regex_problems(job.reward.functions)
+    for name, terms in job.eval.rewards.items():
+        problems += regex_problems(terms, prefix=f"eval.rewards.{name}")
     if local:
         problems += local_problems(job)
     if problems:

@@ -32,16 +32,29 @@ def init_ray(address: str | None) -> None:
     that answers on its GCS port (``ray start --head``), else start a private local Ray.
 
     A stale ``/tmp/ray/ray_current_cluster`` left by a stopped cluster is ignored instead of
-    hanging in ``ray.init``.
+    hanging in ``ray.init``. The private Ray is a head with a watchdog (``private_ray.py``): it
+    is stopped at exit, and also when this process is killed.
     """
     if ray.is_initialized():
         return
-    if address is None and not os.environ.get("RAY_ADDRESS"):
-        address = _reachable_local_cluster() or "local"
     # No runtime_env here: under `ray job submit` it would conflict with the job's own. A local
     # Ray started by this process inherits this environment (so its actors do too).
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if address is None and not os.environ.get("RAY_ADDRESS"):
+        address = _reachable_local_cluster() or _private_head()
     ray.init(address=address, log_to_driver=True)
+
+
+def _private_head() -> str:
+    """Start a private Ray head (stopped at exit, or by its watchdog if this process dies)."""
+    import atexit
+
+    from fp8rl.services.private_ray import start_private_ray
+
+    private = start_private_ray()
+    atexit.register(private.stop)
+    atexit.register(ray.shutdown)  # runs first (LIFO): disconnect before the head goes
+    return private.head.gcs_address
 
 
 def _reachable_local_cluster() -> str | None:

@@ -38,6 +38,11 @@ def create_app(settings: ApiSettings, *, launcher: JobLauncher | None = None) ->
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = await run_in_threadpool(RunStore.open, settings.db_url, migrate=True)
+        released = await run_in_threadpool(store.release_unfinished_idempotency)
+        if released:
+            log.warning(
+                "released %d Idempotency-Keys left in progress by a stopped server", released
+            )
         jobs = launcher
         if jobs is None:
             address = settings.ray_address

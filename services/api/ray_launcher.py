@@ -189,6 +189,17 @@ def ray_auth_token() -> str | None:
         return None
 
 
+def make_token_private() -> Path | None:
+    """chmod 0600 Ray's auth-token file when it exists and is ours; returns its path."""
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    try:
+        if path.stat().st_uid == os.getuid() and path.stat().st_mode & 0o077:
+            path.chmod(0o600)
+    except OSError:
+        return None
+    return path
+
+
 def free_ports(count: int) -> list[int]:
     """``count`` distinct TCP ports free on 127.0.0.1 right now (all held open while choosing)."""
     socks = [socket.socket() for _ in range(count)]
@@ -272,6 +283,7 @@ def start_local_ray(
                 f"local Ray head did not start (log {log_path}):\n" + "\n".join(tail)
             )
         time.sleep(0.3)
+    make_token_private()  # Ray may have just written it, readable by everyone
     return LocalRay(url, f"127.0.0.1:{gcs}", proc.pid, str(temp_dir))
 
 

@@ -6,7 +6,9 @@ can be matched against the exact request: a replay (same key, same body and over
 stored 201 response with ``Idempotent-Replayed: true``; the same key with another request is a 422;
 while the first request with a key is still being processed, another one gets a 409. Keys of
 requests that failed are released (the client may retry with the same key); completed keys are kept
-24 hours.
+24 hours. The key (with the request's hash) also fixes the run id and so the Ray job's submission
+id: a retry after a server crash finds the run instead of creating another. Claims left
+unfinished by a dead server are released when the server starts (one server per store).
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ def _request_hash(content_type: str, overrides: list[str], body: bytes) -> str:
     status_code=201,
     response_model=RunDetail,
     summary="Start a run",
-    responses=problem_responses(409, 413, 415, 503),
+    responses=problem_responses(409, 413, 415, 429, 503),
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -166,7 +168,8 @@ async def create_run(
             )
     try:
         job = await run_in_threadpool(service.resolve_spec, body, content_type, override)
-        run = await run_in_threadpool(service.create, job)
+        request_key = None if key is None else f"{key}\0{request_hash}"
+        run = await run_in_threadpool(service.create, job, request_key=request_key)
         detail = await run_in_threadpool(_detail, service, run.id)
     except BaseException:
         if key is not None:

@@ -13,17 +13,21 @@ input, exactly as with ``ray job submit``: whoever holds the API token may run j
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 import shlex
 import shutil
+import threading
 from typing import Any
 
 import yaml
 
 from fp8rl.protocol import JobSpec, RunState, SpecError, apply_override
+from fp8rl.protocol.limits import MAX_DEPTH, LimitError, load_yaml_bounded
 from fp8rl.protocol.loading import validate_job_spec
 from fp8rl.services.api.launcher import JobLauncher, LauncherUnavailable
+from fp8rl.services.api.policy import policy_problems
 from fp8rl.services.api.problems import ApiProblem, spec_problem
 from fp8rl.services.api.settings import ApiSettings, default_entrypoint
 from fp8rl.services.preflight import preflight
@@ -35,6 +39,10 @@ JSON_TYPES = ("application/json",)
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/plain")
 SPEC_FILE = "spec.yaml"
 RESUME_ALLOWED = ("auto", "never")
+SUBMIT_FAILED = "could not submit"
+"""Error prefix of a run whose job Ray never received (an idempotent retry starts it afresh)."""
+ADMISSION_RETRY_S = 30
+"""``Retry-After`` of a 429 for too many active runs (seconds)."""
 
 
 def parse_spec_body(body: bytes, content_type: str, overrides: list[str]) -> dict[str, Any]:
@@ -59,7 +67,13 @@ def parse_spec_body(body: bytes, content_type: str, overrides: list[str]) -> dic
     except UnicodeDecodeError as exc:
         raise SpecError([f"(body): not UTF-8 text ({exc.reason} at byte {exc.start})"]) from None
     try:
-        data = json.loads(text) if media in JSON_TYPES else yaml.safe_load(text)
+        data = json.loads(text) if media in JSON_TYPES else load_yaml_bounded(text)
+    except LimitError as exc:
+        raise SpecError([f"(body): refused, {exc}"]) from None
+    except RecursionError:
+        raise SpecError(
+            [f"(body): refused, nested deeper than {MAX_DEPTH} levels (limit MAX_DEPTH)"]
+        ) from None
     except (ValueError, yaml.YAMLError) as exc:
         kind = "JSON" if media in JSON_TYPES else "YAML"
         raise SpecError([f"(body): not valid {kind}: {exc}"]) from None
@@ -68,6 +82,13 @@ def parse_spec_body(body: bytes, content_type: str, overrides: list[str]) -> dic
     for item in overrides:
         apply_override(data, item)
     return data
+
+
+def run_id_for(name: str, request_key: str | None) -> str:
+    """``<name>-<10 hex>``: random, or derived from ``request_key`` (same key, same id)."""
+    if request_key is None:
+        return f"{name}-{secrets.token_hex(5)}"
+    return f"{name}-{hashlib.sha256(request_key.encode()).hexdigest()[:10]}"
 
 
 class RunService:
@@ -80,6 +101,7 @@ class RunService:
         self.runs_root = (settings.data_dir / "runs").resolve()
         self.entrypoint = settings.driver_entrypoint or default_entrypoint(settings.ray_address)
         self.store_url = url_to_string(normalize_url(settings.db_url))
+        self._admission = threading.Lock()  # count active runs and record a new one atomically
 
     def resolve_spec(self, body: bytes, content_type: str, overrides: list[str]) -> JobSpec:
         """Validate a request's spec.
@@ -91,6 +113,9 @@ class RunService:
             data = parse_spec_body(body, content_type, overrides)
             job = validate_job_spec(data)
             preflight(job, local=False)  # the cluster's files are not the server's to read
+            problems = policy_problems(job, self.settings.policy, self.settings.data_dir)
+            if problems:
+                raise SpecError(problems)
         except SpecError as exc:
             raise spec_problem(exc) from None
         if job.checkpoint.resume not in RESUME_ALLOWED:
@@ -104,21 +129,67 @@ class RunService:
             )
         return job
 
-    def create(self, job: JobSpec) -> RunRecord:
+    def create(self, job: JobSpec, *, request_key: str | None = None) -> RunRecord:
         """Record and submit a run of ``job``.
 
+        ``request_key`` (the Idempotency-Key with the request's hash) fixes the run id, hence the
+        Ray job's submission id: a retry after a server crash finds the run it created before
+        (and submits it only if Ray never got it) instead of starting a second one.
+
         Raises:
-            ApiProblem: 503 when the job could not be submitted (the run is recorded FAILED).
+            ApiProblem: 429 when ``max_active_runs`` runs are already active; 503 when the job
+                could not be submitted (the run is recorded FAILED).
         """
-        run_id = f"{job.name}-{secrets.token_hex(5)}"
+        run_id = run_id_for(job.name, request_key)
+        existing = self.store.get_run(run_id)
+        if existing is not None and (existing.error or "").startswith(SUBMIT_FAILED):
+            self.store.delete_run(run_id)  # Ray never had it: the retry is a fresh attempt
+        elif existing is not None:
+            return self._resubmit_if_lost(existing)
+        with self._admission:
+            self.admit()
+            run = self._record(job, run_id)
+        self._submit(run)
+        return run
+
+    def _resubmit_if_lost(self, run: RunRecord) -> RunRecord:
+        """A run found again by its idempotent id: submit it when Ray never received it."""
+        try:
+            known = self.launcher.status(run.ray_job_id) is not None
+        except LauncherUnavailable:
+            known = True  # cannot tell: do not risk a second job; the monitor will judge
+        if not known and run.state is RunState.PENDING:
+            self._submit(run)
+        return run
+
+    def _submit(self, run: RunRecord) -> None:
+        """Submit the driver of a recorded run (503 and FAILED when Ray is unavailable)."""
+        spec_path = self.runs_root / run.id / SPEC_FILE
+        try:
+            self.launcher.submit(
+                job_id=run.ray_job_id,
+                entrypoint=f"{self.entrypoint} {shlex.quote(str(spec_path))}",
+                env_vars={STORE_URL_ENV: self.store_url, RUN_ID_ENV: run.id},
+            )
+        except LauncherUnavailable as exc:
+            self.store.finish(run.id, RunState.FAILED, error=f"{SUBMIT_FAILED}: {exc}")
+            raise ApiProblem(
+                503,
+                "Ray unavailable",
+                f"run {run.id} was recorded FAILED: {exc}",
+                kind="launcher-unavailable",
+                headers={"Retry-After": "10"},
+            ) from None
+
+    def _record(self, job: JobSpec, run_id: str) -> RunRecord:
+        """Write ``spec.yaml`` in the run's server directory and record the run PENDING."""
         root = self.runs_root / run_id
-        root.mkdir(parents=True, exist_ok=False)
+        root.mkdir(parents=True, exist_ok=True)  # a crash may have left it behind
         job.output_dir = str(root)
-        spec_path = root / SPEC_FILE
         spec = job.model_dump(mode="json")
-        spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        (root / SPEC_FILE).write_text(yaml.safe_dump(spec, sort_keys=False))
         fingerprint = None if job.precision.mode == "bf16" else job.precision.quant.fingerprint()
-        run = self.store.create_run(
+        return self.store.create_run(
             run_id=run_id,
             name=job.name,
             spec=spec,
@@ -127,22 +198,24 @@ class RunService:
             run_dir=str(root / job.name),
             ray_job_id=f"fp8rl-{run_id}",
         )
-        try:
-            self.launcher.submit(
-                job_id=run.ray_job_id,
-                entrypoint=f"{self.entrypoint} {shlex.quote(str(spec_path))}",
-                env_vars={STORE_URL_ENV: self.store_url, RUN_ID_ENV: run_id},
-            )
-        except LauncherUnavailable as exc:
-            self.store.finish(run_id, RunState.FAILED, error=f"could not submit: {exc}")
+
+    def admit(self) -> None:
+        """Refuse (429, ``Retry-After``) when ``max_active_runs`` runs are PENDING/RUNNING.
+
+        Raises:
+            ApiProblem: 429.
+        """
+        active = len(self.store.active_runs())
+        limit = self.settings.max_active_runs
+        if active >= limit:
             raise ApiProblem(
-                503,
-                "Ray unavailable",
-                f"run {run_id} was recorded FAILED: {exc}",
-                kind="launcher-unavailable",
-                headers={"Retry-After": "10"},
-            ) from None
-        return run
+                429,
+                "Too Many Requests",
+                f"{active} runs are active and the server allows {limit} (max_active_runs); "
+                "retry when one has finished",
+                kind="too-many-active-runs",
+                headers={"Retry-After": str(ADMISSION_RETRY_S)},
+            )
 
     def get(self, run_id: str) -> RunRecord:
         """The run or a 404 problem."""

@@ -17,6 +17,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 
 from fp8rl.protocol.base import StrictModel
+from fp8rl.services.api.policy import SpecPolicy
 
 TOKEN_ENV = "FP8RL_API_TOKEN"
 TOKEN_FILE_NAME = "api-token"
@@ -56,6 +57,12 @@ class ApiSettings(StrictModel):
 
     lost_job_grace_s: float = Field(default=30.0, ge=0)
     """A run whose Ray job Ray does not know is marked FAILED once it is older than this."""
+
+    max_active_runs: int = Field(default=8, ge=1)
+    """Runs PENDING or RUNNING at once; a POST above it gets 429 with ``Retry-After``."""
+
+    policy: SpecPolicy = Field(default_factory=SpecPolicy)
+    """What API specs may name (paths, reward modules, remote reward URLs); see ``policy.py``."""
 
 
 def load_token(*, token_file: Path | None, data_dir: Path) -> tuple[str, str]:

@@ -62,12 +62,31 @@ def serve(
             hidden=True,
         ),
     ] = None,
+    max_active_runs: Annotated[
+        int, typer.Option(help="Runs active at once; more POSTs get 429.", min=1)
+    ] = 8,
+    allow_path: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="Root API specs may name model/data paths under (repeatable; the data "
+            "directory is always allowed)."
+        ),
+    ] = None,
+    allow_reward_module: Annotated[
+        list[str] | None,
+        typer.Option(help="Module prefix whose reward functions API specs may use (repeatable)."),
+    ] = None,
+    allow_reward_url: Annotated[
+        list[str] | None,
+        typer.Option(help="URL prefix a remote reward of an API spec may call (repeatable)."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn/fp8rl log level.")] = "info",
 ) -> None:
     """Serve the REST API: start, watch and stop runs over HTTP (docs at /docs)."""
     import uvicorn
 
     from fp8rl.services.api import ApiSettings, create_app
+    from fp8rl.services.api.policy import SpecPolicy
     from fp8rl.services.api.settings import load_token
     from fp8rl.services.store import RunStore
 
@@ -85,6 +104,12 @@ def serve(
             driver_entrypoint=driver_entrypoint,
             max_body_bytes=max_body_bytes,
             stop_timeout_s=stop_timeout,
+            max_active_runs=max_active_runs,
+            policy=SpecPolicy(
+                allowed_paths=[p.expanduser().resolve() for p in allow_path or []],
+                reward_modules=allow_reward_module or [],
+                remote_reward_prefixes=allow_reward_url or [],
+            ),
         )
         RunStore.open(settings.db_url, migrate=True).close()  # fail here, not inside uvicorn
     except (ValueError, OSError) as exc:

@@ -19,8 +19,17 @@ from fp8rl.services.data.records import PromptRecord
 
 
 def _read_jsonl(path: Path) -> Iterable[dict[str, Any]]:
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+    """Rows of a JSON-lines file. Raises ``ValueError`` naming ``path:line`` for a line that is
+    not UTF-8 or not JSON."""
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"{path}:{number}: not UTF-8 text (byte 0x{raw[error.start]:02x} at column "
+                    f"{error.start + 1})"
+                ) from None
             if line.strip():
                 try:
                     yield json.loads(line)

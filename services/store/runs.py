@@ -390,6 +390,16 @@ class RunStore:
                 .values(status_code=status_code, response=response)
             )
 
+    def release_unfinished_idempotency(self) -> int:
+        """Forget every unfinished claim; returns how many. Called when the server starts: no
+        request is in flight then, so such claims belong to a server that died mid-request (a
+        retry then finds the run it may have created through the key-derived run id)."""
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                delete(idempotency_keys).where(idempotency_keys.c.status_code.is_(None))
+            )
+        return result.rowcount or 0
+
     def release_idempotency(self, key: str) -> None:
         """Forget an unfinished claim (the request failed; the client may retry with the key)."""
         with self.engine.begin() as conn:

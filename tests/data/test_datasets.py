@@ -115,3 +115,10 @@ def test_file_errors_name_the_problem(tmp_path):
     (tmp_path / "rows.csv").write_text("a,b\n")
     with pytest.raises(ValueError, match=r"expected a \.jsonl or \.parquet"):
         build_dataset(FileDataset(path=str(tmp_path / "rows.csv")))
+
+
+def test_non_utf8_byte_names_the_file_and_the_line(tmp_path):
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes(b'{"question": "x", "answer": "1"}\n{"question": "caf\xe9", "answer": "2"}\n')
+    with pytest.raises(ValueError, match=r"latin1\.jsonl:2: not UTF-8 text \(byte 0xe9 at column"):
+        build_dataset(FileDataset(path=str(bad)))

@@ -290,3 +290,28 @@ def test_api_container_command_line_is_one_fp8rl_serve_accepts():
     read = {p.envvar for p in group.commands["serve"].params if isinstance(p.envvar, str)}
     passed = {name for name in env(container) if name.startswith(("FP8RL_", "RAY_"))}
     assert passed <= read | {"FP8RL_API_TOKEN"}, passed - read
+
+
+def test_api_policy_and_admission_values_reach_fp8rl_serve():
+    import typer
+
+    from fp8rl.services.cli import app
+
+    values = {
+        "api": {
+            "maxActiveRuns": 3,
+            "policy": {
+                "allowedPaths": ["/models"],
+                "rewardModules": ["mylab.rewards"],
+                "rewardUrlPrefixes": ["http://rm:8080/"],
+            },
+        }
+    }
+    objects, _ = render(values)
+    container = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    command = typer.main.get_command(app).commands["serve"]
+    params = command.make_context("serve", list(container["args"])).params
+    assert params["max_active_runs"] == 3
+    assert [str(p) for p in params["allow_path"]] == ["/data", "/models"]  # the volume always
+    assert params["allow_reward_module"] == ["mylab.rewards"]
+    assert params["allow_reward_url"] == ["http://rm:8080/"]

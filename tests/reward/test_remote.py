@@ -99,6 +99,7 @@ def test_remote_timeout_scores_zero_and_is_counted(server):
     spec = RewardSpec(
         functions=[{"name": "arithmetic"}],
         remote={"url": f"{server}/slow", "timeout_s": 0.2, "max_retries": 1, "backoff_s": 0.01},
+        max_failure_fraction=1.0,  # one response, timed out: scored, not a failed run
     )
     worker = RewardWorker(spec)
     try:

@@ -10,10 +10,10 @@ by the worker rather than called inline.
 from __future__ import annotations
 
 import importlib
-import re
 from collections.abc import Callable
 from typing import Any
 
+from fp8rl.workers.reward.isolated import compile_user_regex
 from fp8rl.workers.reward.parsing import (
     extract_gsm8k_strict,
     extract_last_boxed,
@@ -64,8 +64,11 @@ def format_reward(
     pattern: str = DEFAULT_FORMAT_PATTERN,
     **_: Any,
 ) -> float:
-    """1.0 when ``pattern`` (a Python regex, DOTALL) is found in the response, else 0.0."""
-    return float(re.search(pattern, response, flags=re.DOTALL) is not None)
+    """1.0 when ``pattern`` (an RE2 regular expression, DOTALL) is found in the response, else 0.0.
+
+    RE2 matches in linear time (see ``isolated.py``); a pattern RE2 refuses raises ``ValueError``.
+    """
+    return float(compile_user_regex(pattern).search(response) is not None)
 
 
 def math_verify_score(*, response: str, answer: str, **_: Any) -> float:

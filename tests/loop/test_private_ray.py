@@ -1,0 +1,136 @@
+"""Clean exits (issue 17 row 12): a private Ray head is stopped by its watchdog when the driver
+is killed with SIGKILL, every process of the head's session included; Ray's token file is 0600."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from fp8rl.services.private_ray import make_token_private, session_members
+
+# A stand-in head: leads its own session, has a child in the process group and one that left
+# the group (as Ray's agents can), all sleeping.
+FAKE_HEAD = """
+import os, subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+subprocess.Popen([sys.executable, "-c", "import os, time; os.setpgrp(); time.sleep(600)"])
+time.sleep(600)
+"""
+
+
+def _wait(predicate, timeout_s: float) -> float:
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout_s:
+            pytest.fail(f"not within {timeout_s} s")
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def _kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_watchdog_stops_the_whole_head_session_when_the_driver_is_killed(tmp_path):
+    temp_dir = tmp_path / "fp8rl-ray-x"
+    temp_dir.mkdir()
+    driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    head = subprocess.Popen([sys.executable, "-c", FAKE_HEAD], start_new_session=True)
+    watchdog = subprocess.Popen(
+        [sys.executable, "-m", "fp8rl.services.private_ray", str(driver.pid), str(head.pid),
+         str(temp_dir)],
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        _wait(lambda: len(session_members(head.pid)) == 3, timeout_s=30)
+        time.sleep(1.0)  # the watchdog is up and polling
+        driver.kill()
+        driver.wait()
+        head.wait(timeout=30)  # our child: reap it so it does not linger as a zombie
+        elapsed = _wait(lambda: not session_members(head.pid), timeout_s=20)
+        _wait(lambda: not temp_dir.exists(), timeout_s=5)
+        assert watchdog.wait(timeout=10) == 0
+        print(f"head session cleaned {elapsed:.2f} s after the driver's SIGKILL")
+    finally:
+        _kill_all([driver.pid, watchdog.pid, *session_members(head.pid)])
+
+
+def test_watchdog_leaves_the_head_alone_while_the_driver_lives(tmp_path):
+    driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    head = subprocess.Popen([sys.executable, "-c", FAKE_HEAD], start_new_session=True)
+    watchdog = subprocess.Popen(
+        [sys.executable, "-m", "fp8rl.services.private_ray", str(driver.pid), str(head.pid),
+         str(tmp_path)],
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        time.sleep(2.0)
+        assert head.poll() is None and watchdog.poll() is None
+    finally:
+        _kill_all([driver.pid, watchdog.pid, *session_members(head.pid)])
+        head.wait()
+
+
+def test_ray_token_file_is_made_private(tmp_path, monkeypatch):
+    token = tmp_path / "auth_token"
+    token.write_text("secret\n")
+    token.chmod(0o644)  # as Ray writes it
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
+    assert make_token_private() == token
+    assert token.stat().st_mode & 0o777 == 0o600
+
+
+REAL_DRIVER = """
+import os, sys, time
+import ray
+from fp8rl.services import runtime
+
+runtime.init_ray(None)  # no cluster around: a private head with its watchdog
+
+@ray.remote(num_cpus=0)
+def pid():
+    return os.getpid()
+
+print(ray.get(pid.remote()), os.getsid(ray.get(pid.remote())), flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def short_tmp():
+    """A short temp dir (Ray puts unix sockets under it: paths must stay under 108 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="f8"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_killed_driver_leaves_no_ray_process_behind(short_tmp):
+    # RAY_TMPDIR: no ray_current_cluster of another Ray on this machine is found
+    env = {**os.environ, "TMPDIR": str(short_tmp), "RAY_TMPDIR": str(short_tmp)}
+    env.pop("RAY_ADDRESS", None)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", REAL_DRIVER], stdout=subprocess.PIPE, text=True, env=env
+    )
+    session = None
+    try:
+        worker_pid, session = map(int, driver.stdout.readline().split())
+        assert worker_pid in session_members(session)  # Ray's workers live in the head's session
+        driver.kill()
+        driver.wait()
+        elapsed = _wait(lambda: not session_members(session), timeout_s=60)
+        print(f"Ray cleaned {elapsed:.2f} s after the driver's SIGKILL")
+        _wait(lambda: not list(short_tmp.glob("fp8rl-ray-*")), timeout_s=10)  # its temp dir too
+    finally:
+        _kill_all([driver.pid, *(session_members(session) if session else [])])
