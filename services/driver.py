@@ -111,18 +111,19 @@ def train_loop(s: Session, workers: Workers) -> dict[str, float]:
             version = sync_weights(workers)
         metrics = step_metrics(rollouts, batch, mismatch, train_metrics, timer, version=version)
         log_step(s.tracker, step, metrics, rollouts, batch)
-        health.check_step(step, metrics, batch.advantages)  # RunUnhealthy: FAILED
+        verdict = health.check_step(step, metrics, batch.advantages)  # RunUnhealthy: FAILED
         if s.evaluator.due(step):
             metrics |= evaluate(s, workers, step)
         done = step + 1
-        s.checkpoints.maybe_save(done, workers.trainer, s.sampler)
+        s.checkpoints.maybe_save(done, workers.trainer, s.sampler, healthy=verdict.healthy)
         if s.reporter:
             s.reporter.step(done, metrics)  # the API counts completed steps (1 after the first)
             if s.reporter.stop_requested():
                 log.info("stop requested after step %d", step)
                 stopped = True
                 break
-    s.checkpoints.finish(done, workers.trainer, s.sampler, stopped=stopped)
+    healthy = health.last_healthy_step == done  # a later checkpoint never replaces the healthy one
+    s.checkpoints.finish(done, workers.trainer, s.sampler, stopped=stopped, healthy=healthy)
     return metrics
 
 
