@@ -19,12 +19,13 @@ from typing import Any
 import torch
 
 from fp8rl.protocol import JobSpec, RunState, SpecError, load_job_spec
-from fp8rl.services.checkpoint import Checkpointer, checkpoint_step
+from fp8rl.services.checkpoint import Checkpointer, checkpoint_step, latest_checkpoint
 from fp8rl.services.data import PromptSampler, build_dataset
 from fp8rl.services.eval_phase import Evaluator
 from fp8rl.services.preflight import preflight
 from fp8rl.services.rollout_phase import PromptFeed, collect
 from fp8rl.services.run_dir import prepare_run_dir, run_dir_of
+from fp8rl.services.run_summary import RunResult, closing_lines
 from fp8rl.services.runtime import Workers, init_ray, running_workers, sync_weights
 from fp8rl.services.step_batch import (
     advantages,
@@ -36,6 +37,7 @@ from fp8rl.services.step_batch import (
     trainer_logprobs,
 )
 from fp8rl.services.step_metrics import generation_rows, step_metrics
+from fp8rl.services.stop_signal import StopOnSignal
 from fp8rl.services.tracking import Tracker
 from fp8rl.workers.algorithms import mismatch_by_position, mismatch_metrics
 from fp8rl.workers.model.loading import load_tokenizer, resolve_model
@@ -57,25 +59,39 @@ class Session:
     feed: PromptFeed
     evaluator: Evaluator
     reporter: Any
+    signals: StopOnSignal | None = None
+
+    def stop_requested(self) -> bool:
+        """A Ctrl-C / SIGTERM, or a stop through the API (``fp8rl runs stop``)."""
+        by_signal = self.signals is not None and self.signals.requested
+        return by_signal or bool(self.reporter and self.reporter.stop_requested())
 
 
-def run(job: JobSpec, *, reporter: Any = None) -> dict[str, float]:
-    """Run ``job`` to the end (or until a stop is requested); return the last step's metrics."""
+def run(job: JobSpec, *, reporter: Any = None) -> RunResult:
+    """Run ``job`` to the end or until a stop is requested (Ctrl-C/SIGTERM once, or the API).
+
+    A stop ends after the current step with a checkpoint; a second Ctrl-C raises
+    ``KeyboardInterrupt`` at once. Returns how the run ended (last metrics, checkpoint).
+    """
+    result = RunResult(run_dir_of(job).resolve(), job.steps)
     session = open_session(job, reporter)
     if session is None:
-        return {}
+        result.steps_done = job.steps
+        return result
     try:
         session.tracker.status("starting Ray workers and loading the model")
-        init_ray(job.resources.ray_address)
-        with running_workers(job) as workers:
-            return train_loop(session, workers)
+        init_ray(job.resources.ray_address)  # after Ray's own SIGTERM handler: ours replaces it
+        with StopOnSignal() as session.signals, running_workers(job) as workers:
+            train_loop(session, workers, result)
     finally:
         session.tracker.close()
+    result.checkpoint = latest_checkpoint(session.checkpoints.root)
+    return result
 
 
-def train_loop(s: Session, workers: Workers) -> dict[str, float]:
+def train_loop(s: Session, workers: Workers, result: RunResult) -> None:
     """The RL loop: rollout → rewards → reference → trainer logprobs → mismatch → advantages →
-    update → publish weights, one step at a time (DESIGN.md §5)."""
+    update → publish weights, one step at a time (DESIGN.md §5). Fills ``result``."""
     job, tokenizer = s.job, s.tokenizer
     calibrate_kv_cache(workers, job, s.feed)
     sync_weights(workers, include_reference=True)  # version 0: engines hold the trainer's codes
@@ -87,6 +103,7 @@ def train_loop(s: Session, workers: Workers) -> dict[str, float]:
             quant_fingerprint=job.precision.quant.fingerprint(), run_dir=str(run_dir_of(job))
         )
     metrics, done, stopped = {}, s.start, False
+    result.steps_done = s.start
     for step in range(s.start, job.steps):
         s.tracker.status(f"step {step} running")
         timer = PhaseTimer()
@@ -110,15 +127,18 @@ def train_loop(s: Session, workers: Workers) -> dict[str, float]:
         if s.evaluator.due(step):
             metrics |= evaluate(s, workers, step)
         done = step + 1
+        result.steps_done, result.metrics = done, metrics
+        if result.reward_first is None and step == 0:
+            result.reward_first = metrics.get("reward/mean")
         s.checkpoints.maybe_save(done, workers.trainer, s.sampler)
         if s.reporter:
             s.reporter.step(done, metrics)  # the API counts completed steps (1 after the first)
-            if s.reporter.stop_requested():
-                log.info("stop requested after step %d", step)
-                stopped = True
-                break
+        if done < job.steps and s.stop_requested():
+            log.info("stop requested: stopping after step %d of %d", done, job.steps)
+            stopped = True
+            break
+    result.stopped = stopped
     s.checkpoints.finish(done, workers.trainer, s.sampler, stopped=stopped)
-    return metrics
 
 
 def open_session(job: JobSpec, reporter: Any) -> Session | None:
@@ -239,9 +259,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.manual_seed(job.seed)
     try:
-        run(job, reporter=reporter)
+        result = run(job, reporter=reporter)
     except KeyboardInterrupt:
-        print("interrupted: run stopped", file=sys.stderr)
+        print(
+            "interrupted: run stopped at once; `fp8rl run ... checkpoint.resume=auto` continues "
+            "from the last checkpoint, if one was written",
+            file=sys.stderr,
+        )
         if reporter:
             reporter.finished(RunState.STOPPED, "interrupted (Ctrl-C / SIGINT)")
         return 130
@@ -256,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run failed: {reason}", file=sys.stderr)
         return 2 if user_error else 1
     if reporter:
-        reporter.finished(RunState.STOPPED if reporter.stop_requested() else RunState.SUCCEEDED)
+        reporter.finished(RunState.STOPPED if result.stopped else RunState.SUCCEEDED)
+    print("\n".join(closing_lines(result, spec=args[0], overrides=args[1:])), file=sys.stderr)
     return 0
 
 
