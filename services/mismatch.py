@@ -8,7 +8,7 @@ so in ``fp8_rollout`` the engine's FP8 codes come from the trainer's weights, as
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -42,8 +42,15 @@ def measure_mode(
     *,
     device: torch.device,
     batch_size: int = 16,
+    on_phase: Callable[[str], None] | None = None,
 ) -> ModeReport:
-    """Generate with the engine, score with the trainer forward, compare (one mode)."""
+    """Generate with the engine, score with the trainer forward, compare (one mode).
+
+    ``on_phase`` is called with ``"loading"``, ``"generating"`` and ``"scoring"`` as each
+    phase starts (progress output).
+    """
+    phase = on_phase or (lambda _: None)
+    phase("loading")
     engine_model, _ = load_model(
         model, precision, role="rollout", trainable=False, device=device, seed=0, source=source
     )
@@ -53,7 +60,9 @@ def measure_mode(
     engine = NativeEngine(
         engine_model, eos_token_ids=source.config.eos_token_id, max_batch_size=batch_size
     )
+    phase("generating")
     groups = engine.generate(prompts, sampling)
+    phase("scoring")
     samples = [(p, g) for p, gs in zip(prompts, groups, strict=True) for g in gs]
     batch = pack([p for p, _ in samples], [g.token_ids for _, g in samples])
     rollout = torch.zeros(batch.response_ids.shape, dtype=torch.float32)
