@@ -104,11 +104,12 @@ def train_loop(s: Session, workers: Workers, result: RunResult) -> None:
         )
     metrics, done, stopped = {}, s.start, False
     result.steps_done = s.start
-    for step in range(s.start, job.steps):
+    for index in range(s.start, job.steps):  # index: 0-based (seeds); step: 1-based (shown)
+        step = index + 1
         s.tracker.status(f"step {step} running")
         timer = PhaseTimer()
         with timer("rollout"):
-            rollouts = collect(job, s.feed, workers.rollout, workers.reward, tokenizer, step=step)
+            rollouts = collect(job, s.feed, workers.rollout, workers.reward, tokenizer, step=index)
         batch = new_batch(rollouts, job, pad_id=tokenizer.pad_token_id or 0)
         with timer("ref"):
             batch.ref_logp = reference_logprobs(workers, batch)
@@ -124,15 +125,15 @@ def train_loop(s: Session, workers: Workers, result: RunResult) -> None:
             version = sync_weights(workers)
         metrics = step_metrics(rollouts, batch, mismatch, train_metrics, timer, version=version)
         log_step(s.tracker, step, metrics, rollouts, batch)
-        if s.evaluator.due(step):
-            metrics |= evaluate(s, workers, step)
-        done = step + 1
+        if s.evaluator.due(index):
+            metrics |= evaluate(s, workers, index)
+        done = step
         result.steps_done, result.metrics = done, metrics
-        if result.reward_first is None and step == 0:
+        if result.reward_first is None and index == 0:
             result.reward_first = metrics.get("reward/mean")
         s.checkpoints.maybe_save(done, workers.trainer, s.sampler)
         if s.reporter:
-            s.reporter.step(done, metrics)  # the API counts completed steps (1 after the first)
+            s.reporter.step(done, metrics)  # completed steps: 1 after the first, as everywhere
         if done < job.steps and s.stop_requested():
             log.info("stop requested: stopping after step %d of %d", done, job.steps)
             stopped = True
@@ -191,11 +192,11 @@ def open_session(job: JobSpec, reporter: Any) -> Session | None:
     )
 
 
-def evaluate(s: Session, workers: Workers, step: int) -> dict[str, float]:
-    """Held-out evaluation with the rollout engines; logged with sample rows."""
-    s.tracker.status(f"step {step}: evaluating")
-    metrics, rows = s.evaluator.run(step, workers.rollout, workers.reward)
-    s.tracker.log_validation(step, metrics, rows[: s.job.logging.log_generations])
+def evaluate(s: Session, workers: Workers, index: int) -> dict[str, float]:
+    """Held-out evaluation with the rollout engines after step ``index + 1``; logged with rows."""
+    s.tracker.status(f"step {index + 1}: evaluating")
+    metrics, rows = s.evaluator.run(index, workers.rollout, workers.reward)
+    s.tracker.log_validation(index + 1, metrics, rows[: s.job.logging.log_generations])
     return metrics
 
 

@@ -370,7 +370,9 @@ def summary_sections(data: RunData) -> list[tuple[str, list[tuple[str, str]]]]:
     hardware = [(k, str(v)) for k, v in hw.items()] or [("hardware", "not recorded")]
     starts = data.info.get("starts", [])
     if len(starts) > 1:
-        hardware.append(("restarts", ", ".join(f"step {s['start_step']}" for s in starts[1:])))
+        hardware.append(
+            ("restarts", ", ".join(f"at step {s['start_step'] + 1}" for s in starts[1:]))
+        )
     finals = [(k, _fmt(last[k])) for k in FINAL_KEYS if last.get(k) is not None]
     finals += [(k, _fmt(last[k])) for k in data.keys("val/") if last.get(k) is not None]
     root = data.run_dir / CHECKPOINTS
