@@ -22,6 +22,7 @@ from fp8rl.protocol import JobSpec, RunState, SpecError, load_job_spec
 from fp8rl.services.checkpoint import Checkpointer, checkpoint_step, latest_checkpoint
 from fp8rl.services.data import PromptSampler, build_dataset
 from fp8rl.services.eval_phase import Evaluator
+from fp8rl.services.oom import oom_message
 from fp8rl.services.preflight import preflight
 from fp8rl.services.rollout_phase import PromptFeed, collect
 from fp8rl.services.run_dir import prepare_run_dir, run_dir_of
@@ -273,9 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # the run failed: say why, once
         cause = getattr(exc, "cause", None) or exc  # a worker's error arrives wrapped by Ray
         user_error = isinstance(cause, ValueError | FileNotFoundError)
-        if not user_error:  # a bug: keep the traceback in the log
+        oom = oom_message(exc)  # Ray's 20-line memory-monitor report, in one line
+        if not user_error and oom is None:  # a bug: keep the traceback in the log
             log.exception("run failed")
-        reason = f"{type(cause).__name__}: {cause}"
+        reason = oom or f"{type(cause).__name__}: {cause}"
         if reporter:
             reporter.finished(RunState.FAILED, reason)
         print(f"run failed: {reason}", file=sys.stderr)
