@@ -55,3 +55,47 @@ def test_closing_lines_of_a_stopped_run_resume_the_same_steps():
 def test_closing_lines_without_a_checkpoint_say_why_there_is_no_export():
     text = "\n".join(closing_lines(_result(), spec="q.yaml", overrides=[]))
     assert "fp8rl export" not in text and "checkpoint.save_final" in text
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_run_stops_after_the_step_with_a_checkpoint(tmp_path):
+    """A real driver on the tiny random Llama: SIGINT once while step 1 runs → exit 0 after
+    that step, its checkpoint, and a closing line with the resume command."""
+    import json
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from fp8rl_testing import REPO
+
+    command = [
+        sys.executable, "-m", "fp8rl.services.driver", str(REPO / "deploy/jobs/quickstart.yaml"),
+        "model.path=random:tiny-llama", "model.max_model_len=128", "data.max_prompt_tokens=64",
+        "rollout.max_tokens=4", "data.prompts_per_step=2", "rollout.n=2", "steps=5",
+        f"output_dir={tmp_path}", "logging.backends=[jsonl, console]",
+    ]  # fmt: skip
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 300
+        while not any("step 1 running" in x for x in lines) and time.monotonic() < deadline:
+            assert proc.poll() is None, "".join(lines)[-3000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=300)
+        reader.join(timeout=10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    err = "".join(lines)
+    assert proc.returncode == 0, err[-3000:]
+    run_dir = tmp_path / "quickstart"
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    last = rows[-1]["step"]
+    assert 1 <= last < 5, err[-3000:]
+    assert (run_dir / "checkpoints" / f"step_{last}").is_dir()
+    assert f"run stopped early after {last} of 5 steps" in err
+    assert "checkpoint.resume=auto" in err and "Ctrl-C again" in err
