@@ -25,6 +25,14 @@ class QuantContractError(RuntimeError):
     """Workers disagree on the quantization contract; the run must not start."""
 
 
+LOCAL_MALLOC_ENV = {
+    "MALLOC_ARENA_MAX": "2",
+    "MALLOC_TRIM_THRESHOLD_": str(64 * 2**20),
+    "MALLOC_MMAP_THRESHOLD_": str(4 * 2**20),
+}
+"""glibc malloc settings a private local Ray's workers inherit (see ``init_ray``)."""
+
+
 def init_ray(address: str | None) -> None:
     """Attach to ``address``, else to ``$RAY_ADDRESS`` (``ray job submit``), else to a local cluster
     that answers on its GCS port (``ray start --head``), else start a private local Ray.
@@ -39,7 +47,15 @@ def init_ray(address: str | None) -> None:
     # No runtime_env here: under `ray job submit` it would conflict with the job's own. A local
     # Ray started by this process inherits this environment (so its actors do too).
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    ray.init(address=address, log_to_driver=True)
+    if address != "local":
+        ray.init(address=address, log_to_driver=True)
+        return
+    # A private local Ray (the quickstart on a small machine): no dashboard (its processes take
+    # ~0.3 GB), and glibc malloc returning freed memory to the OS (few arenas, trim and mmap
+    # thresholds) so the workers' RSS follows their live tensors between steps.
+    for key, value in LOCAL_MALLOC_ENV.items():
+        os.environ.setdefault(key, value)
+    ray.init(address=address, log_to_driver=True, include_dashboard=False)
 
 
 def _reachable_local_cluster() -> str | None:

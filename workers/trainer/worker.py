@@ -7,6 +7,7 @@ cached once per optimizer step — the same codes ``publish`` ships to the engin
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from contextlib import contextmanager
 from typing import Any
@@ -64,7 +65,7 @@ class TrainerWorker:
         self.spec, self.algorithm, self.precision, self.rank = trainer, algorithm, precision, rank
         self.device = pick_device(device)
         torch.manual_seed(seed)
-        self.model, self.source = load_model(
+        self.model, source = load_model(
             model,
             precision,
             role="trainer",
@@ -73,6 +74,7 @@ class TrainerWorker:
             device=self.device,
             seed=seed,
         )
+        self.source = dataclasses.replace(source, state_dict=None)  # the model holds the weights
         self.model.gradient_checkpointing = trainer.gradient_checkpointing
         self.layer_precision = layer_precision(model, precision, role="trainer", trainable=True)
         self.receivers = {
@@ -209,6 +211,7 @@ class TrainerWorker:
                 sums[k] = sums.get(k, 0.0) + v
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.grad_clip)
         self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)  # no gradients held while the engines roll out
         self.scheduler.step()
         self._invalidate_fp8()
         for attn in self._kv_modules():  # next version's KV scales, from this step's scoring pass
