@@ -57,6 +57,30 @@ def measure_mode(
     trainer_model, _ = load_model(
         model, precision, role="trainer", trainable=False, device=device, seed=0, source=source
     )
+    return compare(
+        precision.mode, engine_model, trainer_model, source, prompts, sampling,
+        device=device, batch_size=batch_size, on_phase=phase,
+    )  # fmt: skip
+
+
+def compare(
+    name: str,
+    engine_model: torch.nn.Module,
+    trainer_model: torch.nn.Module,
+    source: ModelSource,
+    prompts: Sequence[Sequence[int]],
+    sampling: SamplingParams,
+    *,
+    device: torch.device,
+    batch_size: int = 16,
+    on_phase: Callable[[str], None] | None = None,
+) -> ModeReport:
+    """Sample with ``engine_model``, score the same token ids with ``trainer_model``, compare.
+
+    Returns the DESIGN.md §6 metrics under ``name``; ``on_phase`` is called with
+    ``"generating"`` and ``"scoring"``.
+    """
+    phase = on_phase or (lambda _: None)
     engine = NativeEngine(
         engine_model, eos_token_ids=source.config.eos_token_id, max_batch_size=batch_size
     )
@@ -85,7 +109,7 @@ def measure_mode(
         )
     mask = batch.response_mask
     return ModeReport(
-        precision.mode,
+        name,
         mismatch_metrics(train, rollout, mask),
         [float(v) for v in mismatch_by_position(train, rollout, mask)],
         int(mask.sum()),

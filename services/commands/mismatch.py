@@ -44,6 +44,14 @@ def mismatch(
         str, typer.Option(help="Comma-separated precision modes.")
     ] = "bf16,fp8_rollout,unified_fp8",
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    attribute: Annotated[
+        bool,
+        typer.Option(
+            "--attribute",
+            help="Split the FP8 rollout mismatch into weights / activations / KV cache / "
+            "kernels (each alone against the BF16 trainer) instead of comparing --modes.",
+        ),
+    ] = False,
     json_out: Annotated[
         Path | None,
         typer.Option("--json", help="Also write the results as JSON (rewritten after each mode)."),
@@ -82,6 +90,9 @@ def mismatch(
         n=size["n"], temperature=temperature, max_tokens=size["max_tokens"], seed=seed
     )
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if attribute:
+        _attribute(source, spec, PrecisionSpec(exact=exact), ids, sampling, device, json_out)
+        return
     _say(f"rollout vs trainer logprobs — {model}, exact={exact}, {len(ids)}×{size['n']} samples")
     _say("  ".join(COLUMNS))
     reports = []
@@ -99,6 +110,31 @@ def mismatch(
         _say(f"{row(report)}  ({time.perf_counter() - t0:.1f} s)")
         if json_out:
             json_out.write_text(json.dumps([r.__dict__ for r in reports], indent=2))
+
+
+def _attribute(source, spec, precision, ids, sampling, device, json_out: Path | None) -> None:
+    """``--attribute``: one row per FP8 ingredient as it is measured, then the shares."""
+    from fp8rl.services.mismatch_attribution import SHARE_METRIC, attribute, shares
+
+    _say(f"mismatch attribution vs the BF16 trainer (exact={precision.exact}), {len(ids)} prompts")
+    _say("  ".join(("ingredient", *COLUMNS[1:])))
+    done = []
+
+    def report(r) -> None:
+        done.append(r)
+        _say(row(r))
+        if json_out:
+            json_out.write_text(json.dumps([x.__dict__ for x in done], indent=2))
+
+    reports = attribute(
+        source, spec, precision, ids, sampling, device=device, on_report=report,
+        on_phase=lambda v, p: _say(f"[{v}] {p}", err=True),
+    )  # fmt: skip
+    parts = [r for r in reports if r.mode != "fp8_all"]
+    whole = next(r for r in reports if r.mode == "fp8_all")
+    _say(f"share of {SHARE_METRIC}: " + "  ".join(f"{k} {v:.1%}" for k, v in shares(parts).items()))
+    total = sum(r.metrics[SHARE_METRIC] for r in parts)
+    _say(f"sum of the parts {total:.3e} vs all four together {whole.metrics[SHARE_METRIC]:.3e}")
 
 
 def row(report) -> str:
