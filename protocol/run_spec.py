@@ -104,6 +104,15 @@ class CheckpointSpec(StrictModel):
     allow_quant_change: bool = False
     """Resume from a checkpoint whose quant fingerprint differs from this spec's."""
 
+    save_optimizer: bool = True
+    """Store AdamW's moments (2× the float32 weights: two thirds of a checkpoint). False: a
+    resume restarts the moments from zero (warned); weights, schedule, RNG and data order
+    are still restored."""
+
+    weights_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Storage of the master weights. ``bfloat16`` halves them; a resume then continues from
+    BF16-rounded master weights (not bit-identical to an uninterrupted run)."""
+
 
 class EvalSpec(StrictModel):
     """Held-out evaluation during training."""

@@ -265,7 +265,8 @@ class TrainerWorker:
         """Restore a ``state_dict()``; the FP8 weight caches are rebuilt from the restored weights."""
         with torch.no_grad():
             self.model.load_state_dict({k: v.to(self.device) for k, v in state["model"].items()})
-        self.optimizer.load_state_dict(state["optimizer"])
+        if state["optimizer"]:  # empty: saved with checkpoint.save_optimizer=false
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])
         torch.set_rng_state(state["rng"]["torch"])
