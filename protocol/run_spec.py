@@ -80,6 +80,12 @@ class LoggingSpec(StrictModel):
     log_generations: int = Field(default=2, ge=0)
     """Sample responses logged per step (and per evaluation) as a table."""
 
+    mismatch_attribution_every: int = Field(default=0, ge=0)
+    """Every N steps (0 = off), split the FP8 rollout mismatch of the current policy into its
+    ingredients (``mismatch/attrib/<ingredient>``: kl_k3 of weights / activations / kv_cache /
+    kernels alone against the BF16 trainer, ``.../share``, and ``fp8_all``) on the step's first
+    2 prompts. Costs 5 extra generate + score passes of them in the driver process."""
+
     @field_validator("backends")
     @classmethod
     def _jsonl_always(cls, value: list[str]) -> list[str]:

@@ -22,6 +22,7 @@ from fp8rl.protocol import JobSpec, RunState, SpecError, load_job_spec
 from fp8rl.services.checkpoint import Checkpointer, checkpoint_step, latest_checkpoint
 from fp8rl.services.data import PromptSampler, build_dataset
 from fp8rl.services.eval_phase import Evaluator
+from fp8rl.services.mismatch_attribution import attribution_due, attribution_metrics
 from fp8rl.services.oom import oom_message
 from fp8rl.services.preflight import preflight
 from fp8rl.services.rollout_phase import PromptFeed, collect
@@ -124,7 +125,12 @@ def train_loop(s: Session, workers: Workers, result: RunResult) -> None:
             train_metrics = train(workers, batch, returns=returns, values=values)
         with timer("sync"):
             version = sync_weights(workers)
+        attribution = {}
+        if attribution_due(job.logging.mismatch_attribution_every, step):
+            with timer("attribution"):
+                attribution = measure_attribution(job, workers, rollouts, step)
         metrics = step_metrics(rollouts, batch, mismatch, train_metrics, timer, version=version)
+        metrics |= attribution
         log_step(s.tracker, step, metrics, rollouts, batch)
         if s.evaluator.due(index):
             metrics |= evaluate(s, workers, index)
@@ -199,6 +205,16 @@ def evaluate(s: Session, workers: Workers, index: int) -> dict[str, float]:
     metrics, rows = s.evaluator.run(index, workers.rollout, workers.reward)
     s.tracker.log_validation(index + 1, metrics, rows[: s.job.logging.log_generations])
     return metrics
+
+
+def measure_attribution(job: JobSpec, workers: Workers, rollouts: Any, step: int) -> dict:
+    """``mismatch/attrib/*`` of the just-updated policy on this step's first prompts."""
+    import ray
+
+    state = workers.trainer.state_dict
+    state = ray.get(state.remote()) if hasattr(state, "remote") else state()
+    prompts = [s.prompt_token_ids for s in rollouts.samples[:: job.rollout.n]]
+    return attribution_metrics(job, state["model"], prompts, step=step)
 
 
 def log_step(

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import torch
 
-from fp8rl.protocol import ModelSpec, PrecisionSpec, SamplingParams
+from fp8rl.protocol import JobSpec, ModelSpec, PrecisionSpec, SamplingParams
 from fp8rl.services.mismatch import ModeReport, compare
 from fp8rl.workers.common import load_model
 from fp8rl.workers.model.build import build_decoder, layer_precision
@@ -105,3 +105,41 @@ def attribute(
     if on_report:
         on_report(report)
     return reports
+
+
+ATTRIBUTION_PROMPTS = 2
+"""Prompts of the step that training-time attribution measures (2 samples each)."""
+
+
+def attribution_due(every: int, step: int) -> bool:
+    """Whether step ``step`` (1-based) measures attribution under ``logging.mismatch_attribution_every``."""
+    return every > 0 and step % every == 0
+
+
+def attribution_metrics(
+    job: JobSpec, weights: dict[str, torch.Tensor], prompts: Sequence[Sequence[int]], *, step: int
+) -> dict[str, float]:
+    """``mismatch/attrib/*`` of the policy ``weights`` (HF names) on ``prompts``.
+
+    ``mismatch/attrib/<ingredient>`` is that ingredient's kl_k3 alone, ``…/<ingredient>_share``
+    its fraction of their sum, ``mismatch/attrib/fp8_all`` the kl_k3 of all four together.
+    """
+    from fp8rl.workers.model.fp8_checkpoint import is_kv_scale
+    from fp8rl.workers.model.loading import resolve_model
+
+    source = replace(
+        resolve_model(job.model.path, load_weights=False),
+        state_dict={k: v.float() for k, v in weights.items() if not is_kv_scale(k)},
+    )
+    sampling = SamplingParams(
+        n=2, temperature=job.rollout.temperature, max_tokens=job.rollout.max_tokens,
+        seed=job.seed * 100003 + step,
+    )  # fmt: skip
+    reports = attribute(
+        source, job.model, job.precision, prompts[:ATTRIBUTION_PROMPTS], sampling,
+        device=torch.device("cpu"),
+    )  # fmt: skip
+    out = {f"mismatch/attrib/{r.mode}": r.metrics[SHARE_METRIC] for r in reports}
+    parts = [r for r in reports if r.mode != "fp8_all"]
+    out |= {f"mismatch/attrib/{k}_share": v for k, v in shares(parts).items()}
+    return out
