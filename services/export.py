@@ -16,6 +16,8 @@ Formats:
   fp8rl's engines quantize partial edge blocks, but transformers' FineGrainedFP8 and vLLM's
   block-FP8 loaders refuse them ("Weight shape (576, 1536) not divisible by scale grid").
   Padding is no way out: the loaders check the weight shape against the model's layer shape.
+  vLLM fuses q/k/v and gate/up into one layer whose shards must share a precision, so a
+  partial member takes its fused siblings to BF16 with it.
   Their exact codes and scales go to ``fp8rl/partial_blocks.safetensors`` (a subdirectory the
   HF loaders do not read), which ``build_block_fp8_decoder`` loads, so fp8rl still serves
   the run's policy bit for bit. ``pow2`` scales are stored as float32 powers of two (no ``scale_fmt`` key: every loader
@@ -90,6 +92,23 @@ def whole_blocks(shape: torch.Size | tuple[int, ...]) -> bool:
     return all(dim % GROUP == 0 for dim in shape)
 
 
+FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+"""Linears vLLM fuses into one layer (qkv_proj, gate_up_proj): all FP8 or all BF16."""
+
+
+def with_fused_siblings(modules: set[str], fp8: set[str]) -> set[str]:
+    """``modules`` plus the FP8 siblings of any member of a fused group (``FUSED_GROUPS``):
+    vLLM refuses a fused layer whose shards differ in precision ("Detected some but not all
+    shards of model.layers.0.self_attn.qkv_proj are quantized")."""
+    out = set(modules)
+    for module in modules:
+        parent, _, leaf = module.rpartition(".")
+        for group in FUSED_GROUPS:
+            if leaf in group:
+                out |= {f"{parent}.{g}" for g in group} & fp8
+    return out
+
+
 def export_tensors(
     weights: dict[str, Tensor], *, config: DecoderConfig, fmt: ExportFormat, quant: QuantConfig
 ) -> tuple[dict[str, Tensor], dict | None, dict[str, Tensor]]:
@@ -108,14 +127,16 @@ def export_tensors(
     fp8 = set(fp8_linear_names(config, quant, weights))
     tensors = quantize_block_fp8(weights, is_fp8=fp8.__contains__, scale_format=quant.scale_format)
     partial_codes: dict[str, Tensor] = {}
-    for module in sorted(m for m in fp8 if not whole_blocks(weights[f"{m}.weight"].shape)):
+    partial = with_fused_siblings(
+        {m for m in fp8 if not whole_blocks(weights[f"{m}.weight"].shape)}, fp8
+    )
+    for module in sorted(partial):
         codes, scale = tensors[f"{module}.weight"], tensors.pop(f"{module}{SCALE_SUFFIX}")
         partial_codes |= {f"{module}.weight": codes, f"{module}{SCALE_SUFFIX}": scale}
         tensors[f"{module}.weight"] = dequantize(codes, scale, block=(GROUP, GROUP)).to(
             torch.bfloat16
         )
     tensors.update(kv_scales)  # float32 <attn>.k_scale / v_scale, vLLM's FP8 KV cache names
-    partial = {k.removesuffix(".weight") for k in partial_codes if k.endswith(".weight")}
     kept = sorted(
         {n.removesuffix(".weight") for n, t in weights.items() if _is_linear(n, t)} - fp8
         | partial
