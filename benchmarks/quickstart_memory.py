@@ -59,6 +59,19 @@ def main() -> int:
     t0 = time.perf_counter()
     proc = subprocess.Popen(command)
     peak_pss, peak_rss, at_peak = 0, 0, []
+
+    def result() -> dict:
+        return {
+            "command": " ".join(command),
+            "exit_code": proc.returncode,
+            "wall_s": round(time.perf_counter() - t0, 1),
+            "peak_pss_gib": round(peak_pss / 2**20, 3),
+            "peak_rss_sum_gib": round(peak_rss / 2**20, 3),
+            "processes_at_pss_peak": [
+                {"pss_mib": round(k / 1024, 1), "cmd": c} for k, c in at_peak if k > 10 * 1024
+            ],
+        }
+
     while proc.poll() is None:
         rows = [(pid, m) for pid in descendants(proc.pid) if (m := memory_kib(pid))]
         pss, rss = sum(m[0] for _, m in rows), sum(m[1] for _, m in rows)
@@ -66,18 +79,10 @@ def main() -> int:
         if pss > peak_pss:
             peak_pss = pss
             at_peak = sorted(((m[0], m[2]) for _, m in rows), reverse=True)
+            if args.out:  # kept current, so a run stopped early still leaves its peak
+                args.out.write_text(json.dumps(result(), indent=2) + "\n")
         time.sleep(args.interval)
-    result = {
-        "command": " ".join(command),
-        "exit_code": proc.returncode,
-        "wall_s": round(time.perf_counter() - t0, 1),
-        "peak_pss_gib": round(peak_pss / 2**20, 3),
-        "peak_rss_sum_gib": round(peak_rss / 2**20, 3),
-        "processes_at_pss_peak": [
-            {"pss_mib": round(k / 1024, 1), "cmd": c} for k, c in at_peak if k > 10 * 1024
-        ],
-    }
-    text = json.dumps(result, indent=2)
+    text = json.dumps(result(), indent=2)
     print(text, file=sys.stderr)
     if args.out:
         args.out.write_text(text + "\n")

@@ -4,16 +4,25 @@ Ray's memory monitor kills the most recently scheduled worker when the node pass
 ``RAY_memory_usage_threshold`` (0.95 by default). The error reaches the driver as
 ``ray.exceptions.OutOfMemoryError`` (a task) or ``ActorDiedError`` with exit type
 ``NODE_OUT_OF_MEMORY`` (an actor); both carry the raylet's text, which names the killed
-worker: ``... where the task (actor ID: …, name=TrainerWorker.train, pid=123, memory
-used=5.60GB) was running was 7.41GB / 7.77GB (0.953), which exceeds ...``.
+workers. Two layouts are understood: Ray 2.5x's ``N worker(s) were killed due to the node
+running low on memory. Memory on the node (…) was 22.83GB used / 23.54GB limit (0.97) … Selected
+to kill: (Actor(…): …, task name=TrainerWorker.__init__, required resources={}, pid=15556,
+actual memory used=4.16GB, …`` and the older ``… where the task (actor ID: …,
+name=TrainerWorker.train, pid=123, memory used=5.60GB) was running was 7.41GB / 7.77GB …``.
 """
 
 from __future__ import annotations
 
 import re
 
-_WORKER = re.compile(r"name=(?P<name>[^,()]+), pid=(?P<pid>\d+), memory used=(?P<used>[\d.]+\s*GB)")
-_NODE = re.compile(r"was running was (?P<node>[\d.]+\s*GB) / (?P<total>[\d.]+\s*GB)")
+_WORKER = re.compile(
+    r"name=(?P<name>[^,()]+),(?: required resources=\{[^}]*\},)? pid=(?P<pid>\d+), "
+    r"(?:actual )?memory used=(?P<used>[\d.]+\s*GB)"
+)
+_NODE = re.compile(
+    r"(?:was running was|Memory on the node \([^)]*\) was) (?P<node>[\d.]+\s*GB)(?: used)? / "
+    r"(?P<total>[\d.]+\s*GB)"
+)
 _MARKERS = ("running low on memory", "NODE_OUT_OF_MEMORY", "OutOfMemoryError")
 
 
@@ -28,11 +37,12 @@ def oom_message(exc: BaseException) -> str | None:
         text += f"\n{type(cause).__name__}: {cause}"
     if not any(marker in text for marker in _MARKERS):
         return None
-    worker, node = _WORKER.search(text), _NODE.search(text)
-    who = "a Ray worker"
-    if worker:
-        actor = worker["name"].strip().split(".")[0]
-        who = f"{actor} (pid {worker['pid']}, {worker['used'].replace(' ', '')})"
+    workers, node = list(_WORKER.finditer(text)), _NODE.search(text)
+    seen: dict[str, str] = {}
+    for w in workers:  # each killed worker once, in the raylet's order
+        actor = w["name"].strip().split(".")[0]
+        seen.setdefault(w["pid"], f"{actor} (pid {w['pid']}, {w['used'].replace(' ', '')})")
+    who = ", ".join(seen.values()) or "a Ray worker"
     where = f" when the node used {node['node']} of {node['total']}" if node else ""
     return (
         f"out of memory: Ray's memory monitor killed {who}{where}; free memory (close other "
