@@ -22,6 +22,7 @@ class StopOnSignal:
     """Context manager installing the two-stage handler on SIGINT and SIGTERM.
 
     ``requested`` turns True at the first signal. The previous handlers are restored on exit.
+    A signal the process inherited as ignored (``SIG_IGN``) stays ignored.
     Outside the main thread (where Python cannot install handlers) it does nothing and
     ``requested`` stays False.
     """
@@ -34,6 +35,8 @@ class StopOnSignal:
     def __enter__(self) -> StopOnSignal:
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
+                if signal.getsignal(sig) is signal.SIG_IGN:  # ignored on purpose by the parent
+                    continue  # (e.g. `cmd &` in a script): like Python, leave it ignored
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 

@@ -25,6 +25,17 @@ def test_first_signal_requests_a_stop_and_the_second_interrupts(sig):
     assert signal.getsignal(sig) is before
 
 
+def test_a_signal_ignored_by_the_parent_stays_ignored():
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with StopOnSignal() as stop:
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)
+            assert not stop.requested
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def _result(**kwargs) -> RunResult:
     base = {"run_dir": Path("/tmp/runs/quickstart"), "total_steps": 8, "steps_done": 8}
     return RunResult(**(base | kwargs))
