@@ -466,7 +466,10 @@ class Checkpointer:
             self.root,
             step=step,
             job=self.job,
-            trainer_state=stored_trainer_state(_call(trainer, "state_dict"), self.spec),
+            trainer_state=stored_trainer_state(
+                _call(trainer, "state_dict", *(() if self.spec.save_optimizer else (False,))),
+                self.spec,
+            ),
             data_cursor=sampler.state_dict(),
             model_config=config,
             tokenizer_dir=tokenizer,

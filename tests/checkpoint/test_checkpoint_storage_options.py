@@ -14,9 +14,16 @@ def _save(tmp_path, **options):
     checkpointer = Checkpointer(tmp_path, job)
     checkpointer._model = ({"hidden_size": 8}, None)
     sampler = type("S", (), {"state_dict": lambda self: {"cursor": 0}})()
-    trainer = type("T", (), {"state_dict": lambda self: trainer_state()})()
+    asked = []
+
+    def state_dict(self, *include_optimizer):
+        asked.append(include_optimizer)
+        return trainer_state()
+
+    trainer = type("T", (), {"state_dict": state_dict})()
     path = checkpointer.save(1, trainer, sampler)
     size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    assert asked == [() if job.checkpoint.save_optimizer else (False,)]  # moments stay put
     return path, size
 
 

@@ -247,12 +247,15 @@ class TrainerWorker:
             if hasattr(module, "invalidate_quantized"):
                 module.invalidate_quantized()
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, include_optimizer: bool = True) -> dict[str, Any]:
         """Everything needed to resume training exactly: master weights (CPU tensors, HF names),
-        AdamW state, LR scheduler, policy version and this process's RNG states."""
+        AdamW state, LR scheduler, policy version and this process's RNG states.
+
+        ``include_optimizer=False`` (``checkpoint.save_optimizer=false``) leaves the AdamW
+        moments out (``{}``) so they are not shipped to the driver at all."""
         return {
             "model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.optimizer.state_dict() if include_optimizer else {},
             "scheduler": self.scheduler.state_dict(),
             "version": self.version,
             "rng": {
