@@ -63,7 +63,7 @@ def plot(runs: Path, out: Path) -> None:
 
     fig, (ax_r, ax_m) = plt.subplots(1, 2, figsize=(11, 4))
     lines = [
-        "| mode | reward, steps 0-4 | reward, steps 25-29 | token_mult_prob_error (mean) | max abs dlogp (max) |",
+        "| mode | reward, steps 1-5 | reward, steps 26-30 | token_mult_prob_error (mean) | max abs dlogp (max) |",
         "|---|---|---|---|---|",
     ]
     for mode in MODES:

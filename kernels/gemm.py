@@ -30,7 +30,6 @@ remembered per shape class so a refused shape costs one exception per process.
 from __future__ import annotations
 
 import warnings
-import weakref
 
 import torch
 from torch import Tensor
@@ -101,45 +100,15 @@ def fp8_gemm_reference(
     a2 = _flatten(a)
     k = a2.shape[1]
     codes_a, scale_a = a2.codes.to(torch.float64), row_scales(a2).to(torch.float64)
-    codes_b, scale_b = _float64_operand(b)
+    scale_b = row_scales(b).to(torch.float64)
     out = torch.zeros(a2.shape[0], b.shape[0], dtype=torch.float64, device=a2.codes.device)
     for kb in range(scale_a.shape[1]):
         cols = slice(kb * GROUP, min(k, (kb + 1) * GROUP))
-        partial = codes_a[:, cols] @ codes_b[:, cols].t()
+        # the weight's float64 copy is made one K-block at a time and not kept: a cached
+        # float64 copy of every weight cost 8 bytes per parameter in each FP8 process
+        partial = codes_a[:, cols] @ b.codes[:, cols].to(torch.float64).t()
         out += partial * (scale_a[:, kb, None] * scale_b[None, :, kb])
     return out.to(out_dtype).reshape(*lead, b.shape[0])
-
-
-_F64_CACHE: dict[int, tuple[weakref.ref, int, int, Tensor, Tensor]] = {}
-
-
-def _float64_operand(q: QuantizedTensor) -> tuple[Tensor, Tensor]:
-    """float64 codes and row scales of ``q``; cached for weights (128×128 blocks).
-
-    A weight is reused by every forward until the next optimizer step or weight update, so its
-    float64 copy is kept, keyed on the codes tensor's identity and version counter (in-place
-    updates such as ``load_quantized`` bump it) and dropped when the tensor dies.
-    """
-    if q.block != (GROUP, GROUP):
-        return q.codes.to(torch.float64), row_scales(q).to(torch.float64)
-    key = id(q.codes)
-    hit = _F64_CACHE.get(key)
-    if (
-        hit is not None
-        and hit[0]() is q.codes
-        and hit[1] == q.codes._version
-        and hit[2] == q.scale._version
-    ):
-        return hit[3], hit[4]
-    codes, scales = q.codes.to(torch.float64), row_scales(q).to(torch.float64)
-    _F64_CACHE[key] = (
-        weakref.ref(q.codes, lambda _, k=key: _F64_CACHE.pop(k, None)),
-        q.codes._version,
-        q.scale._version,
-        codes,
-        scales,
-    )
-    return codes, scales
 
 
 def fp8_gemm_dequantized(

@@ -21,6 +21,11 @@ class KLSpec(StrictModel):
     use: Literal["loss", "reward"] = "loss"
     """Add the KL as a loss term (GRPO) or subtract it from the reward (PPO/RLHF style)."""
 
+    clamp: float | None = Field(default=10.0, gt=0)
+    """Bound on each token's KL estimate, clamped to [-clamp, clamp] (None = no bound). 10 is
+    verl's (``low_var_kl``) and NeMo RL's value: without it one token far outside the
+    reference's support gives k3 ≈ exp(20) ≈ 5e8 and swamps the loss."""
+
 
 class RolloutCorrectionSpec(StrictModel):
     """Importance-sampling corrections for rollout/trainer mismatch (a no-op when the two agree)."""
@@ -67,8 +72,14 @@ class AlgorithmSpec(StrictModel):
     clip_ratio_high: float = Field(default=0.2, gt=0)
     """Upper PPO clip: 1 + clip_ratio_high (DAPO clip-higher uses 0.28)."""
 
+    dual_clip_c: float | None = Field(default=None, gt=1)
+    """Dual-clip PPO (Ye et al. 2020, arXiv 1912.09729): for negative advantages the per-token
+    loss is capped at ``-A · c`` so that a huge ratio cannot give an unbounded loss. None = off;
+    verl's default is 3.0 (``clip_ratio_c``). Must be > 1. ``ppo_clip`` only."""
+
     loss_agg: Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"] = "token_mean"
-    """How per-token losses are reduced to a scalar."""
+    """How per-token losses are reduced to a scalar. GSPO needs a sequence-level one
+    (``seq_mean_token_mean`` is the paper's objective)."""
 
     std_normalize: bool = True
     """Divide group-centred rewards by the group std (GRPO); off for Dr. GRPO."""
@@ -119,4 +130,12 @@ class AlgorithmSpec(StrictModel):
             raise ValueError(
                 "rollout_correction.threshold_low must be below rollout_correction.threshold_high"
             )
+        if self.policy_loss == "gspo" and self.loss_agg == "token_mean":
+            raise ValueError(
+                "algorithm.policy_loss=gspo needs a sequence-level loss_agg: GSPO's objective "
+                "averages the sequence ratio over sequences (arXiv 2507.18071, eq. 5); set "
+                "algorithm.loss_agg=seq_mean_token_mean (or seq_mean_token_sum)"
+            )
+        if self.dual_clip_c is not None and self.policy_loss != "ppo_clip":
+            raise ValueError("algorithm.dual_clip_c applies to policy_loss=ppo_clip only")
         return self

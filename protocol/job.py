@@ -35,6 +35,11 @@ class JobSpec(StrictModel):
     output_dir: str = "runs"
     """Parent directory of run directories (metrics, checkpoints, exports)."""
 
+    keep_previous_runs: int = Field(default=1, ge=0)
+    """A fresh run moves an earlier run directory of the same name aside to
+    ``<name>.previous-<time>``; this many such directories are kept, older ones are deleted
+    (0: the earlier run is deleted at once)."""
+
     model: ModelSpec = Field(default_factory=ModelSpec)
     """The policy model."""
 

@@ -80,6 +80,12 @@ class LoggingSpec(StrictModel):
     log_generations: int = Field(default=2, ge=0)
     """Sample responses logged per step (and per evaluation) as a table."""
 
+    mismatch_attribution_every: int = Field(default=0, ge=0)
+    """Every N steps (0 = off), split the FP8 rollout mismatch of the current policy into its
+    ingredients (``mismatch/attrib/<ingredient>``: kl_k3 of weights / activations / kv_cache /
+    kernels alone against the BF16 trainer, ``.../share``, and ``fp8_all``) on the step's first
+    2 prompts. Costs 5 extra generate + score passes of them in the driver process."""
+
     @field_validator("backends")
     @classmethod
     def _jsonl_always(cls, value: list[str]) -> list[str]:
@@ -103,6 +109,15 @@ class CheckpointSpec(StrictModel):
 
     allow_quant_change: bool = False
     """Resume from a checkpoint whose quant fingerprint differs from this spec's."""
+
+    save_optimizer: bool = True
+    """Store AdamW's moments (2× the float32 weights: two thirds of a checkpoint). False: a
+    resume restarts the moments from zero (warned); weights, schedule, RNG and data order
+    are still restored."""
+
+    weights_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Storage of the master weights. ``bfloat16`` halves them; a resume then continues from
+    BF16-rounded master weights (not bit-identical to an uninterrupted run)."""
 
 
 class EvalSpec(StrictModel):

@@ -395,6 +395,8 @@ class Checkpointer:
         meta, trainer_state, driver_rng = read_checkpoint(
             path, checksums=path not in self._verified
         )
+        if not trainer_state.get("optimizer"):
+            log.warning("%s has no optimizer state (save_optimizer=false): AdamW restarts", path)
         _call(trainer, "load_state_dict", trainer_state)
         sampler.load_state_dict(meta.data_cursor)
         set_driver_rng_state(driver_rng)
@@ -438,7 +440,10 @@ class Checkpointer:
             self.root,
             step=step,
             job=self.job,
-            trainer_state=_call(trainer, "state_dict"),
+            trainer_state=stored_trainer_state(
+                _call(trainer, "state_dict", *(() if self.spec.save_optimizer else (False,))),
+                self.spec,
+            ),
             data_cursor=sampler.state_dict(),
             model_config=config,
             tokenizer_dir=tokenizer,
@@ -483,6 +488,20 @@ class Checkpointer:
 
 # --------------------------------------------------------------------------------------------
 # helpers
+
+
+def stored_trainer_state(state: dict[str, Any], spec: Any) -> dict[str, Any]:
+    """``TrainerWorker.state_dict()`` as ``checkpoint.save_optimizer`` / ``weights_dtype`` store
+    it: without the optimizer moments, and/or with the weights cast to BF16."""
+    out = dict(state)
+    if not spec.save_optimizer:
+        out["optimizer"] = {}
+    if spec.weights_dtype == "bfloat16":
+        out["model"] = {
+            k: v.to(torch.bfloat16) if v.is_floating_point() else v
+            for k, v in state["model"].items()
+        }
+    return out
 
 
 def _call(target: Any, method: str, *args: Any) -> Any:

@@ -19,13 +19,16 @@ from typing import Any
 import torch
 
 from fp8rl.protocol import JobSpec, RunState, SpecError, load_job_spec
-from fp8rl.services.checkpoint import Checkpointer, checkpoint_step
+from fp8rl.services.checkpoint import Checkpointer, checkpoint_step, latest_checkpoint
 from fp8rl.services.data import PromptSampler, build_dataset
 from fp8rl.services.eval_phase import Evaluator
 from fp8rl.services.health import HealthGuard
+from fp8rl.services.mismatch_attribution import attribution_due, attribution_metrics
+from fp8rl.services.oom import oom_message
 from fp8rl.services.preflight import preflight
 from fp8rl.services.rollout_phase import PromptFeed, collect
 from fp8rl.services.run_dir import prepare_run_dir, run_dir_of
+from fp8rl.services.run_summary import RunResult, closing_lines
 from fp8rl.services.runtime import Workers, init_ray, running_workers, sync_weights
 from fp8rl.services.spec_warnings import spec_warnings
 from fp8rl.services.step_batch import (
@@ -38,6 +41,7 @@ from fp8rl.services.step_batch import (
     trainer_logprobs,
 )
 from fp8rl.services.step_metrics import generation_rows, step_metrics
+from fp8rl.services.stop_signal import StopOnSignal
 from fp8rl.services.tracking import Tracker
 from fp8rl.workers.algorithms import mismatch_by_position, mismatch_metrics
 from fp8rl.workers.model.loading import load_tokenizer, resolve_model
@@ -59,25 +63,39 @@ class Session:
     feed: PromptFeed
     evaluator: Evaluator
     reporter: Any
+    signals: StopOnSignal | None = None
+
+    def stop_requested(self) -> bool:
+        """A Ctrl-C / SIGTERM, or a stop through the API (``fp8rl runs stop``)."""
+        by_signal = self.signals is not None and self.signals.requested
+        return by_signal or bool(self.reporter and self.reporter.stop_requested())
 
 
-def run(job: JobSpec, *, reporter: Any = None) -> dict[str, float]:
-    """Run ``job`` to the end (or until a stop is requested); return the last step's metrics."""
+def run(job: JobSpec, *, reporter: Any = None) -> RunResult:
+    """Run ``job`` to the end or until a stop is requested (Ctrl-C/SIGTERM once, or the API).
+
+    A stop ends after the current step with a checkpoint; a second Ctrl-C raises
+    ``KeyboardInterrupt`` at once. Returns how the run ended (last metrics, checkpoint).
+    """
+    result = RunResult(run_dir_of(job).resolve(), job.steps)
     session = open_session(job, reporter)
     if session is None:
-        return {}
+        result.steps_done = job.steps
+        return result
     try:
         session.tracker.status("starting Ray workers and loading the model")
-        init_ray(job.resources.ray_address)
-        with running_workers(job) as workers:
-            return train_loop(session, workers)
+        init_ray(job.resources.ray_address)  # after Ray's own SIGTERM handler: ours replaces it
+        with StopOnSignal() as session.signals, running_workers(job) as workers:
+            train_loop(session, workers, result)
     finally:
         session.tracker.close()
+    result.checkpoint = latest_checkpoint(session.checkpoints.root)
+    return result
 
 
-def train_loop(s: Session, workers: Workers) -> dict[str, float]:
+def train_loop(s: Session, workers: Workers, result: RunResult) -> None:
     """The RL loop: rollout → rewards → reference → trainer logprobs → mismatch → advantages →
-    update → publish weights, one step at a time (DESIGN.md §5)."""
+    update → publish weights, one step at a time (DESIGN.md §5). Fills ``result``."""
     job, tokenizer = s.job, s.tokenizer
     calibrate_kv_cache(workers, job, s.feed)
     sync_weights(workers, include_reference=True)  # version 0: engines hold the trainer's codes
@@ -90,11 +108,13 @@ def train_loop(s: Session, workers: Workers) -> dict[str, float]:
         )
     metrics, done, stopped = {}, s.start, False
     health = HealthGuard(job.health, vocab_size=len(tokenizer), start=s.start)
-    for step in range(s.start, job.steps):
+    result.steps_done = s.start
+    for index in range(s.start, job.steps):  # index: 0-based (seeds); step: 1-based (shown)
+        step = index + 1
         s.tracker.status(f"step {step} running")
         timer = PhaseTimer()
         with timer("rollout"):
-            rollouts = collect(job, s.feed, workers.rollout, workers.reward, tokenizer, step=step)
+            rollouts = collect(job, s.feed, workers.rollout, workers.reward, tokenizer, step=index)
         health.check_rewards(step, rollouts.rewards)  # a NaN never reaches the update
         batch = new_batch(rollouts, job, pad_id=tokenizer.pad_token_id or 0)
         with timer("ref"):
@@ -109,22 +129,30 @@ def train_loop(s: Session, workers: Workers) -> dict[str, float]:
             train_metrics = train(workers, batch, returns=returns, values=values)
         with timer("sync"):
             version = sync_weights(workers)
+        attribution = {}
+        if attribution_due(job.logging.mismatch_attribution_every, step):
+            with timer("attribution"):
+                attribution = measure_attribution(job, workers, rollouts, step)
         metrics = step_metrics(rollouts, batch, mismatch, train_metrics, timer, version=version)
+        metrics |= attribution
         log_step(s.tracker, step, metrics, rollouts, batch)
         verdict = health.check_step(step, metrics, batch.advantages)  # RunUnhealthy: FAILED
-        if s.evaluator.due(step):
-            metrics |= evaluate(s, workers, step)
-        done = step + 1
+        if s.evaluator.due(index):
+            metrics |= evaluate(s, workers, index)
+        done = step
+        result.steps_done, result.metrics = done, metrics
+        if result.reward_first is None and index == 0:
+            result.reward_first = metrics.get("reward/mean")
         s.checkpoints.maybe_save(done, workers.trainer, s.sampler, healthy=verdict.healthy)
         if s.reporter:
-            s.reporter.step(done, metrics)  # the API counts completed steps (1 after the first)
-            if s.reporter.stop_requested():
-                log.info("stop requested after step %d", step)
-                stopped = True
-                break
+            s.reporter.step(done, metrics)  # completed steps: 1 after the first, as everywhere
+        if done < job.steps and s.stop_requested():
+            log.info("stop requested: stopping after step %d of %d", done, job.steps)
+            stopped = True
+            break
+    result.stopped = stopped
     healthy = health.last_healthy_step == done  # a later checkpoint never replaces the healthy one
     s.checkpoints.finish(done, workers.trainer, s.sampler, stopped=stopped, healthy=healthy)
-    return metrics
 
 
 def open_session(job: JobSpec, reporter: Any) -> Session | None:
@@ -179,12 +207,22 @@ def open_session(job: JobSpec, reporter: Any) -> Session | None:
     )
 
 
-def evaluate(s: Session, workers: Workers, step: int) -> dict[str, float]:
-    """Held-out evaluation with the rollout engines; logged with sample rows."""
-    s.tracker.status(f"step {step}: evaluating")
-    metrics, rows = s.evaluator.run(step, workers.rollout, workers.reward)
-    s.tracker.log_validation(step, metrics, rows[: s.job.logging.log_generations])
+def evaluate(s: Session, workers: Workers, index: int) -> dict[str, float]:
+    """Held-out evaluation with the rollout engines after step ``index + 1``; logged with rows."""
+    s.tracker.status(f"step {index + 1}: evaluating")
+    metrics, rows = s.evaluator.run(index, workers.rollout, workers.reward)
+    s.tracker.log_validation(index + 1, metrics, rows[: s.job.logging.log_generations])
     return metrics
+
+
+def measure_attribution(job: JobSpec, workers: Workers, rollouts: Any, step: int) -> dict:
+    """``mismatch/attrib/*`` of the just-updated policy on this step's first prompts."""
+    import ray
+
+    state = workers.trainer.state_dict
+    state = ray.get(state.remote()) if hasattr(state, "remote") else state()
+    prompts = [s.prompt_token_ids for s in rollouts.samples[:: job.rollout.n]]
+    return attribution_metrics(job, state["model"], prompts, step=step)
 
 
 def log_step(
@@ -247,24 +285,30 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.manual_seed(job.seed)
     try:
-        run(job, reporter=reporter)
+        result = run(job, reporter=reporter)
     except KeyboardInterrupt:
-        print("interrupted: run stopped", file=sys.stderr)
+        print(
+            "interrupted: run stopped at once; `fp8rl run ... checkpoint.resume=auto` continues "
+            "from the last checkpoint, if one was written",
+            file=sys.stderr,
+        )
         if reporter:
             reporter.finished(RunState.STOPPED, "interrupted (Ctrl-C / SIGINT)")
         return 130
     except Exception as exc:  # the run failed: say why, once
         cause = getattr(exc, "cause", None) or exc  # a worker's error arrives wrapped by Ray
         user_error = isinstance(cause, ValueError | FileNotFoundError)
-        if not user_error:  # a bug: keep the traceback in the log
+        oom = oom_message(exc)  # Ray's 20-line memory-monitor report, in one line
+        if not user_error and oom is None:  # a bug: keep the traceback in the log
             log.exception("run failed")
-        reason = f"{type(cause).__name__}: {cause}"
+        reason = oom or f"{type(cause).__name__}: {cause}"
         if reporter:
             reporter.finished(RunState.FAILED, reason)
         print(f"run failed: {reason}", file=sys.stderr)
         return 2 if user_error else 1
     if reporter:
-        reporter.finished(RunState.STOPPED if reporter.stop_requested() else RunState.SUCCEEDED)
+        reporter.finished(RunState.STOPPED if result.stopped else RunState.SUCCEEDED)
+    print("\n".join(closing_lines(result, spec=args[0], overrides=args[1:])), file=sys.stderr)
     return 0
 
 

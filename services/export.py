@@ -11,7 +11,16 @@ Formats:
   (unified_fp8 / fp8_rollout), bit for bit. Linears the QuantConfig keeps in BF16 (``lm_head``,
   the first/last blocks, ``bf16_modules``) stay BF16 and are listed in
   ``quantization_config.modules_to_not_convert`` (transformers' name; vLLM and SGLang read it
-  too). ``pow2`` scales are stored as float32 powers of two (no ``scale_fmt`` key: every loader
+  too). Linears whose shape is not a whole number of 128×128 blocks (SmolLM2's 576-wide ones)
+  are listed there too and stored as the BF16 rounding of their dequantized FP8 codes:
+  fp8rl's engines quantize partial edge blocks, but transformers' FineGrainedFP8 and vLLM's
+  block-FP8 loaders refuse them ("Weight shape (576, 1536) not divisible by scale grid").
+  Padding is no way out: the loaders check the weight shape against the model's layer shape.
+  vLLM fuses q/k/v and gate/up into one layer whose shards must share a precision, so a
+  partial member takes its fused siblings to BF16 with it.
+  Their exact codes and scales go to ``fp8rl/partial_blocks.safetensors`` (a subdirectory the
+  HF loaders do not read), which ``build_block_fp8_decoder`` loads, so fp8rl still serves
+  the run's policy bit for bit. ``pow2`` scales are stored as float32 powers of two (no ``scale_fmt`` key: every loader
   reproduces them exactly). With ``kv_cache_dtype: fp8_e4m3`` the trainer's calibrated per-tensor
   KV scales travel as float32 ``<attn>.k_scale`` / ``<attn>.v_scale`` (vLLM's names); hf-bf16
   drops them.
@@ -36,6 +45,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
+from fp8rl.kernels import GROUP
 from fp8rl.protocol import JobSpec, QuantConfig
 from fp8rl.services.checkpoint import (
     CHECKPOINTS,
@@ -46,6 +56,9 @@ from fp8rl.services.checkpoint import (
 )
 from fp8rl.workers.model.config import DecoderConfig
 from fp8rl.workers.model.fp8_checkpoint import (
+    PARTIAL_BLOCKS_FILE,
+    SCALE_SUFFIX,
+    dequantize,
     hf_quantization_config,
     is_kv_scale,
     quantize_block_fp8,
@@ -74,10 +87,33 @@ def fp8_linear_names(
     return [m for m in modules if precision.linear_is_fp8(m, config.num_hidden_layers)]
 
 
+def whole_blocks(shape: torch.Size | tuple[int, ...]) -> bool:
+    """Whether a 2-D weight is a whole number of 128×128 blocks (what HF/vLLM loaders need)."""
+    return all(dim % GROUP == 0 for dim in shape)
+
+
+FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+"""Linears vLLM fuses into one layer (qkv_proj, gate_up_proj): all FP8 or all BF16."""
+
+
+def with_fused_siblings(modules: set[str], fp8: set[str]) -> set[str]:
+    """``modules`` plus the FP8 siblings of any member of a fused group (``FUSED_GROUPS``):
+    vLLM refuses a fused layer whose shards differ in precision ("Detected some but not all
+    shards of model.layers.0.self_attn.qkv_proj are quantized")."""
+    out = set(modules)
+    for module in modules:
+        parent, _, leaf = module.rpartition(".")
+        for group in FUSED_GROUPS:
+            if leaf in group:
+                out |= {f"{parent}.{g}" for g in group} & fp8
+    return out
+
+
 def export_tensors(
     weights: dict[str, Tensor], *, config: DecoderConfig, fmt: ExportFormat, quant: QuantConfig
-) -> tuple[dict[str, Tensor], dict | None]:
-    """The tensors of an export and its ``quantization_config`` (None for hf-bf16).
+) -> tuple[dict[str, Tensor], dict | None, dict[str, Tensor]]:
+    """The tensors of an export, its ``quantization_config`` (None for hf-bf16) and the exact
+    codes + scales of the FP8 linears with partial 128-blocks (stored BF16 in the main file).
 
     ``weights``: master weights with HF names (float32 or bfloat16); tied models carry no
     ``lm_head.weight``. Raises ``ValueError`` for an unknown ``fmt``.
@@ -85,17 +121,28 @@ def export_tensors(
     kv_scales = {k: v.float() for k, v in weights.items() if is_kv_scale(k)}
     weights = {k: v for k, v in weights.items() if k not in kv_scales}
     if fmt == "hf-bf16":  # a BF16 model has no FP8 KV cache: its calibrated scales are dropped
-        return {k: v.to(torch.bfloat16).contiguous() for k, v in weights.items()}, None
+        return {k: v.to(torch.bfloat16).contiguous() for k, v in weights.items()}, None, {}
     if fmt != "hf-fp8":
         raise ValueError(f"unknown export format {fmt!r}; choose one of {FORMATS}")
     fp8 = set(fp8_linear_names(config, quant, weights))
     tensors = quantize_block_fp8(weights, is_fp8=fp8.__contains__, scale_format=quant.scale_format)
+    partial_codes: dict[str, Tensor] = {}
+    partial = with_fused_siblings(
+        {m for m in fp8 if not whole_blocks(weights[f"{m}.weight"].shape)}, fp8
+    )
+    for module in sorted(partial):
+        codes, scale = tensors[f"{module}.weight"], tensors.pop(f"{module}{SCALE_SUFFIX}")
+        partial_codes |= {f"{module}.weight": codes, f"{module}{SCALE_SUFFIX}": scale}
+        tensors[f"{module}.weight"] = dequantize(codes, scale, block=(GROUP, GROUP)).to(
+            torch.bfloat16
+        )
     tensors.update(kv_scales)  # float32 <attn>.k_scale / v_scale, vLLM's FP8 KV cache names
     kept = sorted(
         {n.removesuffix(".weight") for n, t in weights.items() if _is_linear(n, t)} - fp8
+        | partial
         | {"lm_head"}
     )
-    return tensors, hf_quantization_config(kept)
+    return tensors, hf_quantization_config(kept), partial_codes
 
 
 def export_checkpoint(
@@ -128,12 +175,19 @@ def export_checkpoint(
         out = run_dir / "exports" / f"{fmt}-step_{meta.step}"
     out = Path(out).expanduser()
     log.info("exporting %s as %s to %s", checkpoint, fmt, out)
-    tensors, quantization = export_tensors(
+    tensors, quantization, partial_codes = export_tensors(
         read_model_weights(checkpoint, checksums=False),
         config=config,
         fmt=fmt,
         quant=job.precision.quant,
     )
+    if partial_codes:
+        log.info(
+            "%d FP8 linears are not whole 128-blocks: stored BF16 for HF/vLLM loaders "
+            "(modules_to_not_convert), exact codes in %s",
+            len(partial_codes) // 2,
+            PARTIAL_BLOCKS_FILE,
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -150,6 +204,9 @@ def export_checkpoint(
         else:
             log.warning("%s has no tokenizer: the export has weights and config only", checkpoint)
         write_safetensors(tensors, tmp, max_shard_bytes=max_shard_bytes)
+        if partial_codes:
+            (tmp / PARTIAL_BLOCKS_FILE).parent.mkdir()
+            save_file(partial_codes, tmp / PARTIAL_BLOCKS_FILE, metadata={"format": "pt"})
         provenance = {
             "format": fmt,
             "checkpoint": str(checkpoint.resolve()),
@@ -165,7 +222,7 @@ def export_checkpoint(
         os.replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     log.info("exported %s (%.1f MB in %.1f s)", out, size / 2**20, time.perf_counter() - start)
     return out
 

@@ -128,7 +128,7 @@ class HealthGuard:
     def check_step(
         self, step: int, metrics: Mapping[str, float], advantages: Tensor | None
     ) -> StepHealth:
-        """Judge step ``step`` (0-based) from its metrics; raises ``RunUnhealthy`` when it fails
+        """Judge step ``step`` (numbered from 1, as everywhere) from its metrics; raises ``RunUnhealthy`` when it fails
         and ``action=fail``."""
         health = StepHealth(step)
         if self.spec.nonfinite:
@@ -144,7 +144,7 @@ class HealthGuard:
                     f"{self.spec.patience_steps})"
                 )
         if health.healthy:
-            self.last_healthy_step = step + 1
+            self.last_healthy_step = step
         elif health.problems:
             self._act(health)
         return health

@@ -8,7 +8,7 @@ so in ``fp8_rollout`` the engine's FP8 codes come from the trainer's weights, as
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -42,18 +42,51 @@ def measure_mode(
     *,
     device: torch.device,
     batch_size: int = 16,
+    on_phase: Callable[[str], None] | None = None,
 ) -> ModeReport:
-    """Generate with the engine, score with the trainer forward, compare (one mode)."""
+    """Generate with the engine, score with the trainer forward, compare (one mode).
+
+    ``on_phase`` is called with ``"loading"``, ``"generating"`` and ``"scoring"`` as each
+    phase starts (progress output).
+    """
+    phase = on_phase or (lambda _: None)
+    phase("loading")
     engine_model, _ = load_model(
         model, precision, role="rollout", trainable=False, device=device, seed=0, source=source
     )
     trainer_model, _ = load_model(
         model, precision, role="trainer", trainable=False, device=device, seed=0, source=source
     )
+    return compare(
+        precision.mode, engine_model, trainer_model, source, prompts, sampling,
+        device=device, batch_size=batch_size, on_phase=phase,
+    )  # fmt: skip
+
+
+def compare(
+    name: str,
+    engine_model: torch.nn.Module,
+    trainer_model: torch.nn.Module,
+    source: ModelSource,
+    prompts: Sequence[Sequence[int]],
+    sampling: SamplingParams,
+    *,
+    device: torch.device,
+    batch_size: int = 16,
+    on_phase: Callable[[str], None] | None = None,
+) -> ModeReport:
+    """Sample with ``engine_model``, score the same token ids with ``trainer_model``, compare.
+
+    Returns the DESIGN.md §6 metrics under ``name``; ``on_phase`` is called with
+    ``"generating"`` and ``"scoring"``.
+    """
+    phase = on_phase or (lambda _: None)
     engine = NativeEngine(
         engine_model, eos_token_ids=source.config.eos_token_id, max_batch_size=batch_size
     )
+    phase("generating")
     groups = engine.generate(prompts, sampling)
+    phase("scoring")
     samples = [(p, g) for p, gs in zip(prompts, groups, strict=True) for g in gs]
     batch = pack([p for p, _ in samples], [g.token_ids for _, g in samples])
     rollout = torch.zeros(batch.response_ids.shape, dtype=torch.float32)
@@ -76,7 +109,7 @@ def measure_mode(
         )
     mask = batch.response_mask
     return ModeReport(
-        precision.mode,
+        name,
         mismatch_metrics(train, rollout, mask),
         [float(v) for v in mismatch_by_position(train, rollout, mask)],
         int(mask.sum()),

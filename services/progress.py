@@ -58,7 +58,7 @@ class StepProgress:
         timing = "  ".join(
             f"{k.split('/')[1]} {v:.1f}s"
             for k, v in metrics.items()
-            if k.startswith("timing_s/") and k != "timing_s/step"
+            if k.startswith("timing_s/") and k.count("/") == 1 and k != "timing_s/step"
         )
         self.console.print(f"step {step}: {line}  [{timing}]", highlight=False)
 

@@ -257,16 +257,39 @@ def plot_mismatch_by_position(data: RunData, path: Path, *, max_curves: int = 6)
     return _save(fig, path)
 
 
+def disjoint_phases(rows: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    """Per phase, (step, seconds) of the top-level phases of each step, plus ``other``.
+
+    Top-level phases are ``timing_s/<phase>`` (one slash); ``timing_s/<phase>/<part>`` are parts
+    of one of them and left out, so nothing is counted twice. ``other`` is the step's wall time
+    (``timing_s/step``) minus the phases: the stacked phases add up to the wall time.
+    """
+    out: dict[str, list[tuple[int, float]]] = {}
+    for row in rows:
+        phases = {
+            k.split("/", 1)[1]: v
+            for k, v in row.items()
+            if k.startswith("timing_s/") and k.count("/") == 1 and k != "timing_s/step"
+            and v is not None
+        }  # fmt: skip
+        wall = row.get("timing_s/step")
+        if wall is not None and phases:
+            phases["other"] = max(0.0, wall - sum(phases.values()))
+        for name, seconds in phases.items():
+            out.setdefault(name, []).append((row["step"], seconds))
+    return out
+
+
 def plot_timing(data: RunData, path: Path) -> Path:
-    """Seconds per phase of each step (stacked) with the whole step's time."""
+    """Seconds per phase of each step (stacked, disjoint phases) with the whole step's time."""
     fig, axes = _figure("time per phase")
     ax = axes[0][0]
-    phases = [k for k in data.keys("timing_s/") if k != "timing_s/step"]
+    phases = disjoint_phases(data.metrics)
     if phases:
         bottom: dict[int, float] = {}
-        for key in phases:
-            s, v = data.series(key)
-            ax.bar(s, v, bottom=[bottom.get(x, 0.0) for x in s], label=key.split("/", 1)[1])
+        for name, points in phases.items():
+            s, v = [p[0] for p in points], [p[1] for p in points]
+            ax.bar(s, v, bottom=[bottom.get(x, 0.0) for x in s], label=name)
             for x, y in zip(s, v, strict=True):
                 bottom[x] = bottom.get(x, 0.0) + y
         s, v = data.series("timing_s/step")
@@ -347,7 +370,9 @@ def summary_sections(data: RunData) -> list[tuple[str, list[tuple[str, str]]]]:
     hardware = [(k, str(v)) for k, v in hw.items()] or [("hardware", "not recorded")]
     starts = data.info.get("starts", [])
     if len(starts) > 1:
-        hardware.append(("restarts", ", ".join(f"step {s['start_step']}" for s in starts[1:])))
+        hardware.append(
+            ("restarts", ", ".join(f"at step {s['start_step'] + 1}" for s in starts[1:]))
+        )
     finals = [(k, _fmt(last[k])) for k in FINAL_KEYS if last.get(k) is not None]
     finals += [(k, _fmt(last[k])) for k in data.keys("val/") if last.get(k) is not None]
     root = data.run_dir / CHECKPOINTS

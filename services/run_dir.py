@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from pathlib import Path
 
@@ -22,14 +23,35 @@ def prepare_run_dir(job: JobSpec, *, fresh: bool) -> Path:
     """Create the run directory and write the resolved spec (``job.yaml``) and its fingerprint.
 
     ``fresh`` (not resuming): a directory left by an earlier attempt is moved aside to
-    ``<name>.previous-<time>`` first, so a new run never appends to an old run's metrics.
+    ``<name>.previous-<time>`` first, so a new run never appends to an old run's metrics; only
+    the newest ``job.keep_previous_runs`` of those are kept.
     """
     path = run_dir_of(job)
     if fresh and path.exists() and any(path.iterdir()):
         aside = path.with_name(f"{path.name}.previous-{time.strftime('%Y%m%d-%H%M%S')}")
+        if aside.exists():  # two fresh starts within one second
+            aside = aside.with_name(f"{aside.name}-{time.time_ns() % 10**9}")
         path.rename(aside)
         log.warning("%s held an earlier run: moved it to %s", path, aside)
+        prune_previous_runs(path, keep=job.keep_previous_runs)
     path.mkdir(parents=True, exist_ok=True)
     (path / "job.yaml").write_text(yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False))
     (path / "quant_fingerprint").write_text(job.precision.quant.fingerprint() + "\n")
     return path
+
+
+def prune_previous_runs(path: Path, *, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` directories ``<path>.previous-*``; return the deleted.
+
+    Newest by the time in the name (``previous-YYYYmmdd-HHMMSS`` sorts by time). Logs each
+    deletion with its size.
+    """
+    previous = sorted(
+        (p for p in path.parent.glob(f"{path.name}.previous-*") if p.is_dir()), reverse=True
+    )
+    removed = previous[keep:]
+    for old in removed:
+        size = sum(f.stat().st_size for f in old.rglob("*") if f.is_file())
+        shutil.rmtree(old)
+        log.warning("deleted %s (%.1f MB; keep_previous_runs=%d)", old, size / 2**20, keep)
+    return removed

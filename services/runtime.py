@@ -27,6 +27,14 @@ class QuantContractError(RuntimeError):
     """Workers disagree on the quantization contract; the run must not start."""
 
 
+LOCAL_MALLOC_ENV = {
+    "MALLOC_ARENA_MAX": "2",
+    "MALLOC_TRIM_THRESHOLD_": str(64 * 2**20),
+    "MALLOC_MMAP_THRESHOLD_": str(4 * 2**20),
+}
+"""glibc malloc settings a private local Ray's workers inherit (see ``init_ray``)."""
+
+
 def init_ray(address: str | None) -> None:
     """Attach to ``address``, else to ``$RAY_ADDRESS`` (``ray job submit``), else to a local cluster
     that answers on its GCS port (``ray start --head``), else start a private local Ray.
@@ -41,6 +49,11 @@ def init_ray(address: str | None) -> None:
     # Ray started by this process inherits this environment (so its actors do too).
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if address is None and not os.environ.get("RAY_ADDRESS"):
+        # A private local Ray (the quickstart on a small machine): its workers inherit glibc
+        # malloc settings that return freed memory to the OS (few arenas, trim and mmap
+        # thresholds), so their RSS follows their live tensors between steps.
+        for key, value in LOCAL_MALLOC_ENV.items():
+            os.environ.setdefault(key, value)
         address = _reachable_local_cluster() or _private_head()
     ray.init(address=address, log_to_driver=True)
 

@@ -25,8 +25,8 @@ def rollout_metrics(rollouts: Rollouts) -> dict[str, float]:
         "rollout/resample_rounds": float(rollouts.rounds),
         "rollout/dropped_groups": float(rollouts.dropped_groups),
         "rollout/policy_version": float(rollouts.samples[0].policy_version),
-        "timing_s/generate": rollouts.generate_s,
-        "timing_s/reward": rollouts.reward_s,
+        "timing_s/rollout/generate": rollouts.generate_s,  # parts of timing_s/rollout
+        "timing_s/rollout/reward": rollouts.reward_s,
     }
     timeouts = sum(o.timed_out for o in rollouts.outputs)
     if timeouts:

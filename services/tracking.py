@@ -7,15 +7,17 @@ console never sits silent while workers load or a step runs), ``tensorboard``, `
 last two are optional extras; asking for one that is not installed is a user error naming the
 package, never a silent no-op.
 
+Steps are numbered from 1 (the first step is step 1), as in ``fp8rl runs watch`` and the API.
+
 Files in the run directory: ``metrics.jsonl`` (``{"step": s, ...}`` per step),
 ``generations.jsonl`` (training samples), ``validation.jsonl`` (validation samples),
 ``curves.jsonl`` (per-position curves such as ``mismatch_by_position``), ``run_info.json``
 (host, hardware, library versions, one entry per start) and ``tracking.json`` (W&B / MLflow run
 ids, so a resumed run keeps logging into the same run).
 
-Resume: a Tracker started at ``start_step > 0`` first drops every JSONL row with
-``step >= start_step`` (written by the interrupted attempt after its last checkpoint), and
-TensorBoard purges those steps, so each step appears once.
+Resume: a Tracker started at ``start_step > 0`` (steps already done) first drops every JSONL
+row with ``step > start_step`` (written by the interrupted attempt after its last checkpoint),
+and TensorBoard purges those steps, so each step appears once.
 """
 
 from __future__ import annotations
@@ -61,8 +63,9 @@ class Tracker:
     Args:
         run_dir: the run directory. spec: ``job.logging``.
         config: the resolved JobSpec as a dict (logged as the run's config).
-        total_steps: steps of the run (console progress bar). start_step: first step of this
-            attempt (> 0 when resuming). name: run name for W&B / MLflow.
+        total_steps: steps of the run (console progress bar). start_step: steps done before
+            this attempt (> 0 when resuming; its first step is ``start_step + 1``).
+            name: run name for W&B / MLflow.
     Raises:
         ValueError: ``wandb`` or ``mlflow`` is selected but the package is not installed.
     """
@@ -140,7 +143,7 @@ class JsonlBackend(Backend):
     def __init__(self, run_dir: Path, *, start_step: int) -> None:
         if start_step > 0:
             for name in JSONL_FILES:
-                truncate_jsonl(run_dir / name, before_step=start_step)
+                truncate_jsonl(run_dir / name, before_step=start_step + 1)
         self.files = {
             name: open(run_dir / name, "a", buffering=1)  # noqa: SIM115 (closed in close())
             for name in JSONL_FILES
@@ -202,7 +205,7 @@ class ConsoleBackend(Backend):
         numbers = {k: v for k, v in metrics.items() if v is not None}
         if any(not k.startswith("val/") for k in numbers):
             self.progress.update(step, numbers)
-            more = self.total is None or step + 1 < self.total
+            more = self.total is None or step < self.total
             self.text = f"step {step + 1} running" if more else "finishing (final checkpoint)"
             self.since = time.monotonic()
         val = {k: v for k, v in numbers.items() if k.startswith("val/")}
@@ -239,7 +242,7 @@ class TensorBoardBackend(Backend):
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(
-            str(run_dir / "tensorboard"), purge_step=start_step if start_step > 0 else None
+            str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step > 0 else None
         )
         self.writer.add_text("config", f"```\n{json.dumps(config, indent=2)}\n```", start_step)
 

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+DEFAULT = {"num_prompts": 4, "n": 2, "max_tokens": 16}
+"""The quick default (under a minute on 2 CPU cores for SmolLM2-135M, three modes)."""
+FULL = {"num_prompts": 8, "n": 2, "max_tokens": 32}
+"""``--full``: the prompt set of docs/results (minutes on CPU)."""
+COLUMNS = ("mode", "tokens", "token_mult_prob_error", "kl_k3", "|Δlogp| max", "|Δlogp| mean")
 
 
 def mismatch(
@@ -17,33 +25,54 @@ def mismatch(
         Path | None,
         typer.Option(
             help="Text file, one prompt per line, or .jsonl with "
-            "a 'question' field (default: 8 arithmetic problems)."
+            "a 'question' field (default: arithmetic problems)."
         ),
     ] = None,
-    num_prompts: Annotated[int, typer.Option(min=1, help="Prompts to use.")] = 8,
-    n: Annotated[int, typer.Option(min=1, help="Samples per prompt.")] = 2,
-    max_tokens: Annotated[int, typer.Option(min=1, help="Response length.")] = 32,
+    num_prompts: Annotated[
+        int | None, typer.Option(min=1, help="Prompts to use (default 4, --full 8).")
+    ] = None,
+    n: Annotated[int | None, typer.Option(min=1, help="Samples per prompt (default 2).")] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option(min=1, help="Response length (default 16, --full 32).")
+    ] = None,
+    full: Annotated[
+        bool, typer.Option("--full", help="The longer measurement of docs/results.")
+    ] = False,
     temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature.")] = 1.0,
     exact: Annotated[bool, typer.Option(help="Batch-invariant kernels (precision.exact).")] = True,
     modes: Annotated[
         str, typer.Option(help="Comma-separated precision modes.")
     ] = "bf16,fp8_rollout,unified_fp8",
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    attribute: Annotated[
+        bool,
+        typer.Option(
+            "--attribute",
+            help="Split the FP8 rollout mismatch into weights / activations / KV cache / "
+            "kernels (each alone against the BF16 trainer) instead of comparing --modes.",
+        ),
+    ] = False,
     json_out: Annotated[
-        Path | None, typer.Option("--json", help="Also write the results as JSON.")
+        Path | None,
+        typer.Option("--json", help="Also write the results as JSON (rewritten after each mode)."),
     ] = None,
 ) -> None:
-    """Generate with the engine and score the same token ids with the trainer forward, per mode."""
+    """Generate with the engine and score the same token ids with the trainer forward, per mode.
+
+    Each mode's row is printed (and the JSON rewritten) as soon as that mode is done.
+    """
     import torch
     from pydantic import ValidationError
-    from rich.console import Console
-    from rich.table import Table
 
     from fp8rl.protocol import ModelSpec, PrecisionSpec, SamplingParams
     from fp8rl.services.commands.common import fail
     from fp8rl.services.mismatch import MODES, measure_mode
     from fp8rl.workers.model.loading import load_tokenizer, resolve_model
 
+    size = (FULL if full else DEFAULT) | {
+        k: v for k, v in {"num_prompts": num_prompts, "n": n, "max_tokens": max_tokens}.items()
+        if v is not None
+    }  # fmt: skip
     chosen = [m.strip() for m in modes.split(",") if m.strip()]
     bad = [m for m in chosen if m not in MODES]
     if bad:
@@ -56,39 +85,84 @@ def mismatch(
         raise fail(f"--model: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
     except (ValueError, FileNotFoundError) as exc:
         raise fail(f"--model: {exc}") from None
-    texts = _prompts(prompts, num_prompts)
-    ids = [
-        tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True)
-        for t in texts
-    ]
-    ids = [list(i["input_ids"] if hasattr(i, "keys") else i) for i in ids]
-    sampling = SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    console = Console()
-    table = Table(
-        title=f"rollout vs trainer logprobs — {model}, exact={exact}, {len(ids)}×{n} samples"
+    ids = _prompt_ids(tokenizer, _prompts(prompts, size["num_prompts"]))
+    sampling = SamplingParams(
+        n=size["n"], temperature=temperature, max_tokens=size["max_tokens"], seed=seed
     )
-    for col in ("mode", "tokens", "token_mult_prob_error", "kl_k3", "|Δlogp| max", "|Δlogp| mean"):
-        table.add_column(col, justify="right")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if attribute:
+        _attribute(source, spec, PrecisionSpec(exact=exact), ids, sampling, device, json_out)
+        return
+    _say(f"rollout vs trainer logprobs — {model}, exact={exact}, {len(ids)}×{size['n']} samples")
+    _say("  ".join(COLUMNS))
     reports = []
-    for mode in chosen:
-        with console.status(f"{mode}: generating and scoring"):
-            report = measure_mode(
-                source, spec, PrecisionSpec(mode=mode, exact=exact), ids, sampling, device=device
-            )
+    for i, mode in enumerate(chosen, 1):
+        t0 = time.perf_counter()
+
+        def phase(name: str, mode: str = mode, i: int = i) -> None:
+            _say(f"[{i}/{len(chosen)}] {mode}: {name}", err=True)
+
+        report = measure_mode(
+            source, spec, PrecisionSpec(mode=mode, exact=exact), ids, sampling,
+            device=device, on_phase=phase,
+        )  # fmt: skip
         reports.append(report)
-        m = report.metrics
-        table.add_row(
-            mode,
+        _say(f"{row(report)}  ({time.perf_counter() - t0:.1f} s)")
+        if json_out:
+            json_out.write_text(json.dumps([r.__dict__ for r in reports], indent=2))
+
+
+def _attribute(source, spec, precision, ids, sampling, device, json_out: Path | None) -> None:
+    """``--attribute``: one row per FP8 ingredient as it is measured, then the shares."""
+    from fp8rl.services.mismatch_attribution import SHARE_METRIC, attribute, shares
+
+    _say(f"mismatch attribution vs the BF16 trainer (exact={precision.exact}), {len(ids)} prompts")
+    _say("  ".join(("ingredient", *COLUMNS[1:])))
+    done = []
+
+    def report(r) -> None:
+        done.append(r)
+        _say(row(r))
+        if json_out:
+            json_out.write_text(json.dumps([x.__dict__ for x in done], indent=2))
+
+    reports = attribute(
+        source, spec, precision, ids, sampling, device=device, on_report=report,
+        on_phase=lambda v, p: _say(f"[{v}] {p}", err=True),
+    )  # fmt: skip
+    parts = [r for r in reports if r.mode != "fp8_all"]
+    whole = next(r for r in reports if r.mode == "fp8_all")
+    _say(f"share of {SHARE_METRIC}: " + "  ".join(f"{k} {v:.1%}" for k, v in shares(parts).items()))
+    total = sum(r.metrics[SHARE_METRIC] for r in parts)
+    _say(f"sum of the parts {total:.3e} vs all four together {whole.metrics[SHARE_METRIC]:.3e}")
+
+
+def row(report) -> str:
+    """One mode's line of the table (the columns of ``COLUMNS``)."""
+    m = report.metrics
+    return "  ".join(
+        [
+            report.mode,
             str(report.num_tokens),
             f"{m['mismatch/token_mult_prob_error']:.8f}",
             f"{m['mismatch/kl_k3']:.3e}",
             f"{m['mismatch/abs_dlogp_max']:.3e}",
             f"{m['mismatch/abs_dlogp_mean']:.3e}",
-        )
-    console.print(table)
-    if json_out:
-        json_out.write_text(json.dumps([r.__dict__ for r in reports], indent=2))
+        ]
+    )
+
+
+def _say(text: str, *, err: bool = False) -> None:
+    """Print and flush at once (progress must show when stdout is a pipe or a file)."""
+    print(text, file=sys.stderr if err else sys.stdout, flush=True)
+
+
+def _prompt_ids(tokenizer, texts: list[str]) -> list[list[int]]:
+    ids = [
+        tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True)
+        for t in texts
+    ]
+    return [list(i["input_ids"] if hasattr(i, "keys") else i) for i in ids]
 
 
 def _prompts(path: Path | None, count: int) -> list[str]:

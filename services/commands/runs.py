@@ -1,4 +1,4 @@
-"""``fp8rl runs list|show|logs|stop|watch``: a client of the REST API (``fp8rl serve``).
+"""``fp8rl runs submit|list|show|logs|stop|watch``: a client of the REST API (``fp8rl serve``).
 
 Every command takes ``--api URL`` ($FP8RL_API_URL, default http://127.0.0.1:8000) and the token
 from ``--token`` ($FP8RL_API_TOKEN), ``--token-file``, or the local server's
@@ -19,7 +19,7 @@ from fp8rl.services.commands.common import fail
 
 runs_app = typer.Typer(
     name="runs",
-    help="List, inspect, follow and stop runs of an fp8rl API server.",
+    help="Submit, list, inspect, follow and stop runs of an fp8rl API server.",
     no_args_is_help=True,
 )
 
@@ -157,29 +157,70 @@ def stop(
     _console().print(f"{run['id']}: {_styled(run['state'])} {note}")
 
 
+@runs_app.command("submit")
+def submit(
+    spec: Annotated[Path, typer.Argument(help="YAML job spec (sent as its text).")],
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="Dotted overrides, e.g. steps=2 rollout.n=4.")
+    ] = None,
+    detach: Annotated[
+        bool, typer.Option("--detach", help="Print the run id and return; do not follow.")
+    ] = False,
+    idempotency_key: Annotated[
+        str | None, typer.Option(help="Retry-safe key: resubmitting it returns the same run.")
+    ] = None,
+    api: ApiUrl = DEFAULT_API,
+    token: Token = None,
+    token_file: TokenFile = None,
+) -> None:
+    """Submit a job spec to the API (POST /runs), then follow it like `runs watch`.
+
+    The server validates the spec (errors name the field, exit 1) and chooses the run directory.
+    Exit code 0 only when the run SUCCEEDED (or at once with --detach).
+    """
+    try:
+        text = spec.read_text()
+    except OSError as exc:
+        raise fail(f"{spec}: {exc.strerror or exc}") from None
+    console = _console()
+    with _client(api, token, token_file) as client:
+        run = _call(
+            client.create_run, text, overrides=overrides or [], idempotency_key=idempotency_key
+        )
+        console.print(f"submitted {run['id']} ({_styled(run['state'])}); run dir {run['run_dir']}")
+        if detach:
+            console.print(f"follow it with: fp8rl runs watch {run['id']}", highlight=False)
+            return
+        _watch(client, run["id"], console)
+
+
 @runs_app.command("watch")
 def watch(
     run_id: RunIdArg, api: ApiUrl = DEFAULT_API, token: Token = None, token_file: TokenFile = None
 ) -> None:
     """Follow a run live (server-sent events) until it ends; exit code 0 only for SUCCEEDED."""
+    with _client(api, token, token_file) as client:
+        _watch(client, run_id, _console())
+
+
+def _watch(client, run_id: str, console) -> None:
+    """Live progress and latest metrics until the run ends; ``typer.Exit(1)`` unless SUCCEEDED."""
     from rich.console import Group
     from rich.live import Live
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    console = _console()
-    with _client(api, token, token_file) as client:
-        run = _call(client.get_run, run_id)
-        progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-        )
-        task = progress.add_task(f"{run_id} {run['state']}", total=run["total_steps"])
-        state, error = run["state"], run["error"]
-        with Live(Group(progress), console=console, refresh_per_second=4) as live:
-            state, error = _call(_follow, client, run_id, live, progress, task, (state, error))
+    run = _call(client.get_run, run_id)
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
+    task = progress.add_task(f"{run_id} {run['state']}", total=run["total_steps"])
+    state, error = run["state"], run["error"]
+    with Live(Group(progress), console=console, refresh_per_second=4) as live:
+        state, error = _call(_follow, client, run_id, live, progress, task, (state, error))
     console.print(f"{run_id}: {_styled(state)}")
     if error:
         console.print(f"[red]error:[/] {error}", highlight=False)

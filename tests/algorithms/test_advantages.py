@@ -195,3 +195,15 @@ def test_bad_shapes_and_missing_values_name_the_tensor():
         compute_advantages(
             torch.ones(2), full_mask(2, 2), spec=spec, group_size=2, token_rewards=torch.ones(2, 3)
         )
+
+
+def test_masked_whiten_uses_the_population_std_of_real_tokens():
+    # real tokens 1, 2, 3 (the 100 is padding): mean 2, population var 2/3, std 0.8165
+    # (verl's unbiased std would be 1.0 and give -1, 0, 1).
+    from fp8rl.workers.algorithms import masked_whiten
+
+    values = torch.tensor([[1.0, 2.0], [3.0, 100.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    out = masked_whiten(values, mask, std_floor=1e-3)
+    s = math.sqrt(2 / 3)
+    torch.testing.assert_close(out, torch.tensor([[-1 / s, 0.0], [1 / s, 0.0]]))

@@ -153,3 +153,56 @@ def test_entropy_from_logits_is_stable_and_handles_masked_vocab():
 def test_algorithm_spec_rejects_thresholds_that_exclude_weight_one():
     with pytest.raises(ValueError, match="threshold_high"):
         AlgorithmSpec(rollout_correction={"method": "tis", "threshold_high": 0.9})
+
+
+def test_dual_clip_caps_negative_advantage_loss_at_c_times_advantage():
+    # ratios 5, 5, 2, 0.5 with A = -1, 1, -1, -1, clip 0.2, c = 3:
+    # r=5,A=-1: max(5, 1.2) = 5 -> capped at 3        r=5,A=1: max(-5, -1.2) = -1.2 (A > 0: no cap)
+    # r=2,A=-1: max(2, 1.2) = 2 < 3 -> 2               r=0.5,A=-1: max(0.5, 0.8) = 0.8
+    logp = torch.log(torch.tensor([[5.0, 5.0, 2.0, 0.5]])).requires_grad_()
+    adv = torch.tensor([[-1.0, 1.0, -1.0, -1.0]])
+    loss, clipped = ppo_clip_loss(
+        logp, torch.zeros(1, 4), adv, clip_ratio_low=0.2, clip_ratio_high=0.2, dual_clip_c=3.0
+    )
+    torch.testing.assert_close(loss, torch.tensor([[3.0, -1.2, 2.0, 0.8]]))
+    assert clipped.tolist() == [[True, True, False, True]]
+    (grad,) = torch.autograd.grad(loss.sum(), logp)
+    assert grad[0, 0] == 0.0 and grad[0, 2] != 0.0
+
+
+def test_dual_clip_off_by_default_and_refuses_c_at_most_one():
+    logp = torch.log(torch.tensor([[5.0]]))
+    kwargs = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2}
+    loss, _ = ppo_clip_loss(logp, torch.zeros(1, 1), -torch.ones(1, 1), **kwargs)
+    torch.testing.assert_close(loss, torch.tensor([[5.0]]))
+    with pytest.raises(ValueError, match="dual_clip_c must be > 1"):
+        ppo_clip_loss(logp, torch.zeros(1, 1), -torch.ones(1, 1), dual_clip_c=1.0, **kwargs)
+    assert AlgorithmSpec().dual_clip_c is None
+
+
+def test_kl_clamp_bounds_k3_of_an_off_support_token_at_ten():
+    # log pi - log pi_ref = 20: k3 = exp(-20) - 1 + 20 ≈ 19 (unclamped); log ratio -20:
+    # k3 = exp(20) - 1 - 20 ≈ 4.85e8 -> 10 with the default clamp.
+    logp = torch.tensor([[0.0, -20.0, -0.1]])
+    ref = torch.tensor([[-20.0, 0.0, 0.0]])
+    raw = kl_penalty(logp, ref, estimator="k3")
+    assert raw[0, 1] > 4e8
+    clamped = kl_penalty(logp, ref, estimator="k3", clamp=KLSpec().clamp)
+    expected_small = math.exp(0.1) - 1 - 0.1
+    torch.testing.assert_close(clamped, torch.tensor([[10.0, 10.0, expected_small]]))
+    assert KLSpec().clamp == 10.0
+
+
+def test_kl_reward_penalty_uses_the_spec_clamp():
+    logp, ref, mask = torch.tensor([[-20.0]]), torch.tensor([[0.0]]), torch.ones(1, 1)
+    bounded = kl_reward_penalty(logp, ref, mask, kl=KLSpec(coef=0.5))
+    unbounded = kl_reward_penalty(logp, ref, mask, kl=KLSpec(coef=0.5, clamp=None))
+    torch.testing.assert_close(bounded, torch.tensor([[-5.0]]))
+    assert unbounded[0, 0] < -1e8
+
+
+def test_gspo_refuses_token_mean_aggregation_with_a_message():
+    with pytest.raises(ValueError, match="seq_mean_token_mean"):
+        AlgorithmSpec(policy_loss="gspo")
+    assert AlgorithmSpec(policy_loss="gspo", loss_agg="seq_mean_token_mean").loss_agg
+    assert AlgorithmSpec(policy_loss="gspo", loss_agg="seq_mean_token_sum").loss_agg

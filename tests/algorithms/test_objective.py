@@ -44,8 +44,16 @@ def _batch(seed: int):
     return logp, old, adv, mask, ref
 
 
-@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"])
-@pytest.mark.parametrize("policy_loss", ["ppo_clip", "gspo"])
+@pytest.mark.parametrize(
+    ("agg", "policy_loss"),
+    [
+        ("token_mean", "ppo_clip"),
+        ("seq_mean_token_sum", "ppo_clip"),
+        ("seq_mean_token_mean", "ppo_clip"),
+        ("seq_mean_token_sum", "gspo"),
+        ("seq_mean_token_mean", "gspo"),
+    ],
+)
 def test_gradient_accumulation_equals_full_batch(agg, policy_loss):
     logp, old, adv, mask, ref = _batch(0)
     spec = AlgorithmSpec(loss_agg=agg, policy_loss=policy_loss, kl={"coef": 0.05})

@@ -119,10 +119,10 @@ def test_run_killed_mid_save_resumes_with_the_metrics_of_an_uninterrupted_run(
     run(load_job_spec(spec, ["name=crashy"]))  # resume: auto
 
     expected, got = metrics_by_step(straight), metrics_by_step(crashy)
-    assert sorted(got) == [0, 1, 2]
-    for step in (1, 2):  # the steps the resumed run recomputed
+    assert sorted(got) == [1, 2, 3]  # steps are numbered from 1
+    for step in (2, 3):  # the steps the resumed run recomputed
         assert got[step] == expected[step], f"step {step} differs after resume"
-    assert expected[2]["actor/kl"] > 0 and expected[2]["actor/grad_norm"] > 0  # not a no-op
+    assert expected[3]["actor/kl"] > 0 and expected[3]["actor/grad_norm"] > 0  # not a no-op
     final = {
         name: load_file(d / "checkpoints" / "step_3" / MODEL_FILE)
         for name, d in (("straight", straight), ("crashy", crashy))

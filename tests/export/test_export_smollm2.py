@@ -17,7 +17,11 @@ from fp8rl.protocol import JobSpec
 from fp8rl.services.checkpoint import write_checkpoint
 from fp8rl.services.export import export_checkpoint
 from fp8rl.workers.model.build import build_decoder, layer_precision
-from fp8rl.workers.model.fp8_checkpoint import build_block_fp8_decoder
+from fp8rl.workers.model.fp8_checkpoint import (
+    PARTIAL_BLOCKS_FILE,
+    build_block_fp8_decoder,
+    dequantize,
+)
 from fp8rl.workers.model.linear import LayerPrecision
 from fp8rl.workers.model.loading import load_hf_dir, resolve_model
 from fp8rl.workers.weight_sync.object_store import ObjectStoreTransport
@@ -147,15 +151,31 @@ def test_hf_fp8_export_has_the_block_fp8_layout_with_bf16_kept_modules(smollm2, 
             "mlp.down_proj",
         )
     }
-    assert set(quant["modules_to_not_convert"]) == kept | {"lm_head"}
+    # every other SmolLM2 linear (576 / 192 / 1536 wide) has partial 128-blocks: BF16 for the
+    # HF/vLLM loaders, exact codes in the side file
+    partial = {
+        f"model.layers.{i}.{m}"
+        for i in range(1, last)
+        for m in ("self_attn.q_proj", "self_attn.k_proj", "mlp.down_proj")
+    }
+    assert partial < set(quant["modules_to_not_convert"]) and kept < set(
+        quant["modules_to_not_convert"]
+    )
     tensors = load_file(out / "model.safetensors")
+    assert not any(k.endswith("weight_scale_inv") for k in tensors)
+    codes = load_file(out / PARTIAL_BLOCKS_FILE)
     k_proj = "model.layers.1.self_attn.k_proj"  # [192, 576]: partial 128-blocks both ways
-    assert tensors[f"{k_proj}.weight"].dtype == torch.float8_e4m3fn
-    assert tensors[f"{k_proj}.weight_scale_inv"].dtype == torch.float32
-    assert tuple(tensors[f"{k_proj}.weight_scale_inv"].shape) == (2, 5)
+    assert codes[f"{k_proj}.weight"].dtype == torch.float8_e4m3fn
+    assert tuple(codes[f"{k_proj}.weight_scale_inv"].shape) == (2, 5)
+    stored = tensors[f"{k_proj}.weight"]
+    assert stored.dtype == torch.bfloat16  # the codes' values, rounded once to BF16
+    exact = dequantize(
+        codes[f"{k_proj}.weight"], codes[f"{k_proj}.weight_scale_inv"], block=(128, 128)
+    )
+    assert torch.equal(stored, exact.to(torch.bfloat16))
     for name in kept:
         assert tensors[f"{name}.weight"].dtype == torch.bfloat16
-        assert f"{name}.weight_scale_inv" not in tensors
+        assert f"{name}.weight" not in codes
     assert tensors["model.embed_tokens.weight"].dtype == torch.bfloat16
     assert "lm_head.weight" not in tensors  # tied embeddings, as in the HF original
     for file in ("tokenizer.json", "chat_template.jinja", "fp8rl_export.json"):
@@ -209,3 +229,25 @@ def test_transformers_loads_the_hf_bf16_export_with_close_logits(smollm2, bf16_e
     assert not torch.allclose(
         theirs, logits(original), atol=1e-3
     )  # the trained weights, not the source
+
+
+def test_transformers_loads_the_hf_fp8_export_close_to_the_fp8_engine(smollm2, fp8_export):
+    """Plain transformers on CPU: the FP8-coded layers dequantize (here: every linear of
+    SmolLM2 is stored as BF16 values of its codes), activations stay unquantized. Bound: the
+    max |Δlogit| against fp8rl's FP8 engine (activation quantization + BF16 rounding) stays
+    below 5 % of the logit range, and the top token agrees at most positions."""
+    transformers = pytest.importorskip("transformers")
+    job = smollm2[1]
+    model = transformers.AutoModelForCausalLM.from_pretrained(fp8_export, dtype=torch.float32)
+    with torch.no_grad():
+        theirs = model(torch.tensor([TOKENS])).logits.float()[0]
+    ours = logits(
+        build_block_fp8_decoder(
+            fp8_export, quant=job.precision.quant, exact=True, max_positions=MAX_POSITIONS
+        )
+    )[0]
+    span = float(ours.max() - ours.min())
+    gap = float((theirs - ours).abs().max())
+    assert gap < 0.05 * span, (gap, span)
+    agree = (theirs.argmax(-1) == ours.argmax(-1)).float().mean()
+    assert agree >= 0.75, agree

@@ -220,3 +220,19 @@ def test_fp8_kv_cache_scales_travel_in_hf_fp8_and_are_dropped_from_hf_bf16(tmp_p
     assert "model.layers.1.self_attn.k_scale" not in load_hf_dir(fp8).state_dict
     bf16 = export_checkpoint(tmp_path, fmt="hf-bf16")
     assert not any(k.endswith("_scale") for k in load_file(bf16 / "model.safetensors"))
+
+
+def test_a_partial_block_member_takes_its_fused_vllm_siblings_to_bf16():
+    from fp8rl.services.export import with_fused_siblings
+
+    fp8 = {
+        "model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.k_proj",
+        "model.layers.1.self_attn.v_proj", "model.layers.1.self_attn.o_proj",
+        "model.layers.1.mlp.gate_proj", "model.layers.1.mlp.up_proj",
+    }  # fmt: skip
+    got = with_fused_siblings({"model.layers.1.self_attn.k_proj"}, fp8)
+    assert got == {f"model.layers.1.self_attn.{m}" for m in ("q_proj", "k_proj", "v_proj")}
+    assert with_fused_siblings({"model.layers.1.mlp.up_proj"}, fp8) == {
+        "model.layers.1.mlp.gate_proj",
+        "model.layers.1.mlp.up_proj",
+    }

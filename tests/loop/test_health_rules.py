@@ -32,30 +32,30 @@ def good(**changes: float) -> dict[str, float]:
 def test_nan_reward_fails_before_the_update_naming_the_reward():
     guard = HealthGuard(HealthSpec(), vocab_size=V)
     with pytest.raises(RunUnhealthy) as info:
-        guard.check_rewards(0, torch.tensor([1.0, float("nan"), 0.0, float("nan")]))
+        guard.check_rewards(1, torch.tensor([1.0, float("nan"), 0.0, float("nan")]))
     message = str(info.value)
-    assert "reward is nan for 2 of 4 responses" in message and "step 0" in message
+    assert "reward is nan for 2 of 4 responses" in message and "step 1" in message
 
 
 @pytest.mark.parametrize("name", ["actor/pg_loss", "actor/grad_norm"])
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_non_finite_loss_or_grad_norm_fails_the_step_at_once(name, value):
     guard = HealthGuard(HealthSpec(patience_steps=5), vocab_size=V)
-    guard.check_step(0, good(), ADV)
+    guard.check_step(1, good(), ADV)
     with pytest.raises(RunUnhealthy, match=f"{name} is {value}"):
-        guard.check_step(1, good(**{name: value}), ADV)
+        guard.check_step(2, good(**{name: value}), ADV)
     assert guard.last_healthy_step == 1
 
 
 def test_entropy_collapse_stops_after_patience_steps_naming_the_metric():
     guard = HealthGuard(HealthSpec(patience_steps=2), vocab_size=V)
-    assert guard.check_step(0, good(), ADV).healthy
+    assert guard.check_step(1, good(), ADV).healthy
     collapsed = good(**{"actor/entropy": 0.998 * LN_V})  # lr=1e3: uniform after one update
-    assert guard.check_step(1, collapsed, ADV).signals  # one step: a signal, not yet a failure
+    assert guard.check_step(2, collapsed, ADV).signals  # one step: a signal, not yet a failure
     with pytest.raises(RunUnhealthy) as info:
-        guard.check_step(2, collapsed, ADV)
+        guard.check_step(3, collapsed, ADV)
     assert "actor/entropy" in str(info.value) and "for 2 steps" in str(info.value)
-    assert guard.last_healthy_step == 1  # the checkpoint after step 0 is the last healthy one
+    assert guard.last_healthy_step == 1  # the checkpoint after step 1 is the last healthy one
 
 
 def test_collapse_to_a_deterministic_policy_stops_the_run():
@@ -63,28 +63,28 @@ def test_collapse_to_a_deterministic_policy_stops_the_run():
     # grad_norm 0 with all advantages 0 (every group scored the same), so no dead-gradient signal
     guard = HealthGuard(HealthSpec(patience_steps=2), vocab_size=V)
     zero = torch.zeros(4, 3)
-    guard.check_step(0, good(**{"actor/entropy": 2.05}), ADV)
+    guard.check_step(1, good(**{"actor/entropy": 2.05}), ADV)
     after = {"reward/mean": 0.0, "actor/grad_norm": 0.0}
-    assert guard.check_step(1, good(**after, **{"actor/entropy": 0.065}), zero).signals
+    assert guard.check_step(2, good(**after, **{"actor/entropy": 0.065}), zero).signals
     with pytest.raises(RunUnhealthy, match=r"actor/entropy 0 < health\.min_entropy=0\.1 "):
-        guard.check_step(2, good(**after, **{"actor/entropy": 0.0}), zero)
-    assert guard.last_healthy_step == 1  # the checkpoint after step 0 stays the healthy one
+        guard.check_step(3, good(**after, **{"actor/entropy": 0.0}), zero)
+    assert guard.last_healthy_step == 1  # the checkpoint after step 1 stays the healthy one
 
 
 def test_a_signal_that_clears_resets_its_streak():
     guard = HealthGuard(HealthSpec(patience_steps=2), vocab_size=V)
-    guard.check_step(0, good(), ADV)
-    guard.check_step(1, good(**{"mismatch/kl_k3": 5.0}), ADV)
-    assert guard.check_step(2, good(), ADV).healthy
-    assert guard.check_step(3, good(**{"mismatch/kl_k3": 5.0}), ADV).signals
-    assert guard.last_healthy_step == 3
+    guard.check_step(1, good(), ADV)
+    guard.check_step(2, good(**{"mismatch/kl_k3": 5.0}), ADV)
+    assert guard.check_step(3, good(), ADV).healthy
+    assert guard.check_step(4, good(**{"mismatch/kl_k3": 5.0}), ADV).signals
+    assert guard.last_healthy_step == 3  # steps are numbered from 1
 
 
 def test_dead_gradient_with_nonzero_advantages_is_a_signal_but_zero_advantages_are_not():
     guard = HealthGuard(HealthSpec(patience_steps=1), vocab_size=V)
-    assert guard.check_step(0, good(**{"actor/grad_norm": 0.0}), torch.zeros(2, 2)).healthy
+    assert guard.check_step(1, good(**{"actor/grad_norm": 0.0}), torch.zeros(2, 2)).healthy
     with pytest.raises(RunUnhealthy, match=r"actor/grad_norm is 0 while advantages reach 0\.5"):
-        guard.check_step(1, good(**{"actor/grad_norm": 0.0}), ADV)
+        guard.check_step(2, good(**{"actor/grad_norm": 0.0}), ADV)
 
 
 def test_a_policy_that_starts_near_uniform_is_not_judged_by_entropy():
@@ -95,8 +95,8 @@ def test_a_policy_that_starts_near_uniform_is_not_judged_by_entropy():
 
 def test_warn_action_logs_and_continues_without_advancing_the_healthy_step(caplog):
     guard = HealthGuard(HealthSpec(action="warn", patience_steps=1), vocab_size=V)
-    guard.check_step(0, good(), ADV)
-    health = guard.check_step(1, good(**{"actor/pg_loss": float("nan")}), ADV)
+    guard.check_step(1, good(), ADV)
+    health = guard.check_step(2, good(**{"actor/pg_loss": float("nan")}), ADV)
     assert not health.healthy and guard.last_healthy_step == 1
     assert "health.action=warn" in caplog.text
 

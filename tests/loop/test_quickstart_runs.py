@@ -59,7 +59,7 @@ def test_quickstart_grpo_runs_with_bitwise_parity_and_evaluation(tmp_path):
         "eval.rewards={gsm8k_test: [{name: gsm8k}], math500_test: [{name: math}]}",
     )
     train = [r for r in rows if "reward/mean" in r]
-    assert [r["step"] for r in train] == [0, 1]
+    assert [r["step"] for r in train] == [1, 2]  # steps are numbered from 1, as in the API
     for r in train:
         assert r["mismatch/abs_dlogp_max"] == 0.0 and r["mismatch/token_mult_prob_error"] == 1.0
         assert {

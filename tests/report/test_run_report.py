@@ -113,3 +113,22 @@ def test_position_curves_are_picked_evenly_including_first_and_last_step():
     assert spread([0, 1], 6) == [0, 1]
     assert spread(list(range(11)), 3) == [0, 5, 10]
     assert spread(list(range(100)), 6)[::5] == [0, 99]
+
+
+def test_timing_plot_phases_are_disjoint_and_add_up_to_the_step_wall_time():
+    from fp8rl.services.report import disjoint_phases
+
+    rows = [
+        {
+            "step": 1,
+            "timing_s/rollout": 4.0,
+            "timing_s/rollout/generate": 3.0,  # part of rollout: not stacked again
+            "timing_s/rollout/reward": 0.5,
+            "timing_s/train": 2.0,
+            "timing_s/step": 6.5,
+        }
+    ]
+    phases = disjoint_phases(rows)
+    assert set(phases) == {"rollout", "train", "other"}
+    assert phases["other"] == [(1, 0.5)]
+    assert sum(points[0][1] for points in phases.values()) == 6.5

@@ -35,17 +35,17 @@ def test_jsonl_is_always_written_and_resume_drops_rows_of_the_lost_steps(tmp_pat
     spec = LoggingSpec(backends=[])
     assert spec.backends == ["jsonl"]
     tracker = Tracker(tmp_path, spec, config={"name": "t"})
-    write_steps(tracker, range(4))  # the interrupted attempt logged steps 0..3
+    write_steps(tracker, range(1, 5))  # the interrupted attempt logged steps 1..4
     tracker.close()
     resumed = Tracker(tmp_path, spec, config={"name": "t"}, start_step=2)  # checkpoint: 2 steps
-    write_steps(resumed, range(2, 5))
+    write_steps(resumed, range(3, 6))
     resumed.close()
     metrics = jsonl(tmp_path / "metrics.jsonl")
     train = [r["step"] for r in metrics if "reward/mean" in r]
-    assert train == [0, 1, 2, 3, 4]
+    assert train == [1, 2, 3, 4, 5]
     assert metrics[0]["bad"] is None  # NaN is written as null, never as invalid JSON
-    assert [r["step"] for r in jsonl(tmp_path / "curves.jsonl")] == [0, 1, 2, 3, 4]
-    assert [r["step"] for r in jsonl(tmp_path / "validation.jsonl")] == [1, 1, 3, 3]
+    assert [r["step"] for r in jsonl(tmp_path / "curves.jsonl")] == [1, 2, 3, 4, 5]
+    assert [r["step"] for r in jsonl(tmp_path / "validation.jsonl")] == [1, 1, 3, 3, 5, 5]
     assert len(jsonl(tmp_path / "generations.jsonl")) == 10
     info = json.loads((tmp_path / "run_info.json").read_text())
     assert [s["start_step"] for s in info["starts"]] == [0, 2]
@@ -57,13 +57,13 @@ def test_console_heartbeat_speaks_when_nothing_was_printed(tmp_path, monkeypatch
     tracker = Tracker(tmp_path, LoggingSpec(backends=["console"]), config={}, total_steps=3)
     tracker.status("loading the model")
     time.sleep(2.0)
-    tracker.log(0, {"reward/mean": 0.5, "timing_s/step": 1.0})
-    tracker.log_validation(0, {"val/arith/acc": 0.25}, ROWS)
+    tracker.log(1, {"reward/mean": 0.5, "timing_s/step": 1.0})
+    tracker.log_validation(1, {"val/arith/acc": 0.25}, ROWS)
     tracker.close()
     err = capsys.readouterr().err
     assert "loading the model" in err and "… loading the model (" in err
-    assert "step 0: reward 0.500" in err
-    assert "validation after step 0: val/arith/acc 0.25" in err and "validation samples" in err
+    assert "step 1: reward 0.500" in err
+    assert "validation after step 1: val/arith/acc 0.25" in err and "validation samples" in err
 
 
 def test_tensorboard_gets_scalars_and_tables_and_purges_lost_steps(tmp_path):
@@ -71,13 +71,13 @@ def test_tensorboard_gets_scalars_and_tables_and_purges_lost_steps(tmp_path):
 
     spec = LoggingSpec(backends=["tensorboard"])
     tracker = Tracker(tmp_path, spec, config={"name": "t"})
-    write_steps(tracker, range(4))
+    write_steps(tracker, range(1, 5))
     tracker.close()
     resumed = Tracker(tmp_path, spec, config={"name": "t"}, start_step=2)
-    write_steps(resumed, range(2, 4))
+    write_steps(resumed, range(3, 5))
     resumed.close()
     events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0}).Reload()
-    assert [e.step for e in events.Scalars("reward/mean")] == [0, 1, 2, 3]
+    assert [e.step for e in events.Scalars("reward/mean")] == [1, 2, 3, 4]
     assert [e.step for e in events.Scalars("val/arith/acc")] == [1, 3]
     assert "val_generations/text_summary" in events.Tags()["tensors"]
 

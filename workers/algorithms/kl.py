@@ -23,12 +23,18 @@ LOG_RATIO_CLAMP = 20.0
 
 
 def kl_penalty(
-    logp: Tensor, ref_logp: Tensor, *, estimator: Literal["k1", "k2", "k3"] = "k3"
+    logp: Tensor,
+    ref_logp: Tensor,
+    *,
+    estimator: Literal["k1", "k2", "k3"] = "k3",
+    clamp: float | None = None,
 ) -> Tensor:
     """Per-token KL(pi || pi_ref) estimate, same shape and dtype as ``logp``.
 
     ``logp``/``ref_logp``: log-probabilities (nats) of the sampled tokens under the policy and
-    the reference. Raises ``ValueError`` for differing shapes or an unknown estimator.
+    the reference. ``clamp``: the estimate is clamped to [-clamp, clamp] (verl and NeMo RL use
+    10; gradients of clamped tokens are 0). Raises ``ValueError`` for differing shapes or an
+    unknown estimator.
     """
     if logp.shape != ref_logp.shape:
         raise ValueError(
@@ -36,12 +42,14 @@ def kl_penalty(
         )
     log_ratio = (logp - ref_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     if estimator == "k1":
-        return log_ratio
-    if estimator == "k2":
-        return 0.5 * log_ratio.square()
-    if estimator == "k3":
-        return torch.exp(-log_ratio) - 1 + log_ratio
-    raise ValueError(f"unknown KL estimator {estimator!r}; use one of k1, k2, k3")
+        value = log_ratio
+    elif estimator == "k2":
+        value = 0.5 * log_ratio.square()
+    elif estimator == "k3":
+        value = torch.exp(-log_ratio) - 1 + log_ratio
+    else:
+        raise ValueError(f"unknown KL estimator {estimator!r}; use one of k1, k2, k3")
+    return value if clamp is None else value.clamp(-clamp, clamp)
 
 
 def kl_reward_penalty(logp: Tensor, ref_logp: Tensor, mask: Tensor, *, kl: KLSpec) -> Tensor:
@@ -51,7 +59,7 @@ def kl_reward_penalty(logp: Tensor, ref_logp: Tensor, mask: Tensor, *, kl: KLSpe
     Ouyang et al. 2022). ``logp`` is the rollout-time policy logprob (no gradient).
     """
     check_token_shapes(mask, logp=logp, ref_logp=ref_logp)
-    penalty = kl_penalty(logp.detach(), ref_logp.detach(), estimator=kl.estimator)
+    penalty = kl_penalty(logp.detach(), ref_logp.detach(), estimator=kl.estimator, clamp=kl.clamp)
     return -kl.coef * penalty * mask.to(penalty.dtype)
 
 

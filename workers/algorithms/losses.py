@@ -79,19 +79,30 @@ def ppo_clip_loss(
     *,
     clip_ratio_low: float,
     clip_ratio_high: float,
+    dual_clip_c: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """PPO clipped surrogate per token (Schulman et al. 2017) with DAPO's asymmetric clip.
 
     ``ratio = exp(logp - old_logp)``; loss ``= max(-A·ratio, -A·clip(ratio, 1-low, 1+high))``.
     DAPO's clip-higher (arXiv 2503.14476) is ``clip_ratio_high=0.28`` with ``low=0.2``.
-    Returns ``(loss [B, T], clipped [B, T] bool)`` where ``clipped`` marks tokens whose
-    gradient the clip removed. The log ratio is clamped to ±20 before ``exp``.
+    ``dual_clip_c`` (> 1, dual-clip PPO, arXiv 1912.09729, verl's ``clip_ratio_c``): where
+    ``A < 0`` the loss is further capped at ``-A·c`` (``min(that, -A·c)``), so a ratio far above
+    1 gives a bounded loss and no gradient. Returns ``(loss [B, T], clipped [B, T] bool)``
+    where ``clipped`` marks tokens whose gradient a clip removed. The log ratio is clamped to
+    ±20 before ``exp``. Raises ``ValueError`` for ``dual_clip_c <= 1``.
     """
     log_ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1 - clip_ratio_low, 1 + clip_ratio_high)
-    return torch.maximum(unclipped, clipped), clipped > unclipped
+    loss, was_clipped = torch.maximum(unclipped, clipped), clipped > unclipped
+    if dual_clip_c is None:
+        return loss, was_clipped
+    if dual_clip_c <= 1:
+        raise ValueError(f"dual_clip_c must be > 1, got {dual_clip_c}")
+    cap = -advantages * dual_clip_c
+    dual = (advantages < 0) & (loss > cap)
+    return torch.where(dual, cap, loss), was_clipped | dual
 
 
 def gspo_loss(
@@ -108,7 +119,9 @@ def gspo_loss(
     The sequence ratio ``s_i = exp(mean_t (logp - old_logp))`` (length-normalised) is clipped
     like PPO; each token carries ``s_i · pi/sg(pi)`` so its value is ``s_i`` and its gradient is
     the sequence-level one. Every token of a sequence shares the clip decision. Use small clip
-    ranges (the paper: 3e-4 / 4e-4). Returns ``(loss [B, T], clipped [B, T] bool)``.
+    ranges (the paper: 3e-4 / 4e-4) and a sequence-level ``loss_agg`` (``seq_mean_token_mean``
+    is the paper's objective; ``AlgorithmSpec`` refuses ``token_mean`` with GSPO). Returns
+    ``(loss [B, T], clipped [B, T] bool)``.
     """
     check_token_shapes(mask, logp=logp, old_logp=old_logp, advantages=advantages)
     m = mask.to(logp.dtype)

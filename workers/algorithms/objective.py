@@ -67,7 +67,9 @@ def rl_objective(
     if spec.policy_loss == "gspo":
         token_loss, clipped = gspo_loss(logp, old_logp, advantages, mask, **clip)
     else:
-        token_loss, clipped = ppo_clip_loss(logp, old_logp, advantages, **clip)
+        token_loss, clipped = ppo_clip_loss(
+            logp, old_logp, advantages, dual_clip_c=spec.dual_clip_c, **clip
+        )
     pg_loss = aggregate_loss(token_loss * weights, m, mode=agg, denominator=denominator)
     loss = pg_loss
     metrics["actor/pg_loss"] = float(pg_loss.detach())
@@ -79,7 +81,7 @@ def rl_objective(
                 "algorithm.kl.coef > 0 with kl.use=loss needs ref_logp from the reference worker"
             )
         kl = aggregate_loss(
-            kl_penalty(logp, ref_logp, estimator=spec.kl.estimator),
+            kl_penalty(logp, ref_logp, estimator=spec.kl.estimator, clamp=spec.kl.clamp),
             m,
             mode=agg,
             denominator=denominator,

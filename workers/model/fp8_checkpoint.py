@@ -42,6 +42,11 @@ SCALE_SUFFIX = ".weight_scale_inv"
 """Name suffix of the block scales (HF / DeepSeek naming, same as fp8rl's weight updates)."""
 
 
+PARTIAL_BLOCKS_FILE = "fp8rl/partial_blocks.safetensors"
+"""Exact codes + scales of FP8 linears with partial 128-blocks, which an ``hf-fp8`` export
+stores in BF16 for HF/vLLM loaders (they need whole blocks); read by ``build_block_fp8_decoder``."""
+
+
 KV_SCALE_SUFFIXES = (".k_scale", ".v_scale")
 """Per-tensor FP8 KV-cache scales (float32 scalars) of an attention module."""
 
@@ -184,6 +189,8 @@ def build_block_fp8_decoder(
     raw: dict[str, Tensor] = {}
     for file in sorted(directory.glob("*.safetensors")):
         raw.update(load_file(file))
+    if (directory / PARTIAL_BLOCKS_FILE).exists():  # exact codes of the BF16-stored partial ones
+        raw.update(load_file(directory / PARTIAL_BLOCKS_FILE))
     # Built "trainable" so nothing is quantized here; the FP8 linears are then swapped for
     # inference modules holding the checkpoint's own codes (freeze_fp8 with given codes).
     kv_fp8 = quant.kv_cache_dtype == "fp8_e4m3"

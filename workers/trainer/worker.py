@@ -7,6 +7,7 @@ cached once per optimizer step — the same codes ``publish`` ships to the engin
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from contextlib import contextmanager
 from typing import Any
@@ -64,7 +65,7 @@ class TrainerWorker:
         self.spec, self.algorithm, self.precision, self.rank = trainer, algorithm, precision, rank
         self.device = pick_device(device)
         torch.manual_seed(seed)
-        self.model, self.source = load_model(
+        self.model, source = load_model(
             model,
             precision,
             role="trainer",
@@ -73,6 +74,7 @@ class TrainerWorker:
             device=self.device,
             seed=seed,
         )
+        self.source = dataclasses.replace(source, state_dict=None)  # the model holds the weights
         self.model.gradient_checkpointing = trainer.gradient_checkpointing
         self.layer_precision = layer_precision(model, precision, role="trainer", trainable=True)
         self.receivers = {
@@ -209,6 +211,7 @@ class TrainerWorker:
                 sums[k] = sums.get(k, 0.0) + v
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.grad_clip)
         self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)  # no gradients held while the engines roll out
         self.scheduler.step()
         self._invalidate_fp8()
         for attn in self._kv_modules():  # next version's KV scales, from this step's scoring pass
@@ -244,12 +247,15 @@ class TrainerWorker:
             if hasattr(module, "invalidate_quantized"):
                 module.invalidate_quantized()
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, include_optimizer: bool = True) -> dict[str, Any]:
         """Everything needed to resume training exactly: master weights (CPU tensors, HF names),
-        AdamW state, LR scheduler, policy version and this process's RNG states."""
+        AdamW state, LR scheduler, policy version and this process's RNG states.
+
+        ``include_optimizer=False`` (``checkpoint.save_optimizer=false``) leaves the AdamW
+        moments out (``{}``) so they are not shipped to the driver at all."""
         return {
             "model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.optimizer.state_dict() if include_optimizer else {},
             "scheduler": self.scheduler.state_dict(),
             "version": self.version,
             "rng": {
@@ -262,7 +268,8 @@ class TrainerWorker:
         """Restore a ``state_dict()``; the FP8 weight caches are rebuilt from the restored weights."""
         with torch.no_grad():
             self.model.load_state_dict({k: v.to(self.device) for k, v in state["model"].items()})
-        self.optimizer.load_state_dict(state["optimizer"])
+        if state["optimizer"]:  # empty: saved with checkpoint.save_optimizer=false
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])
         torch.set_rng_state(state["rng"]["torch"])

@@ -1,0 +1,72 @@
+"""The closing lines of a run: where it is, how it ended, and the commands to run next."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FINAL_KEYS = (
+    "reward/mean",
+    "response_length/mean",
+    "mismatch/token_mult_prob_error",
+    "mismatch/abs_dlogp_max",
+    "actor/grad_norm",
+    "timing_s/step",
+)
+
+
+@dataclass
+class RunResult:
+    """How ``driver.run`` ended.
+
+    ``steps_done``: steps completed (1-based count); ``stopped``: ended early on a stop request
+    (Ctrl-C, SIGTERM, ``fp8rl runs stop``); ``checkpoint``: the newest complete checkpoint, if
+    any; ``metrics``: the last step's metrics.
+    """
+
+    run_dir: Path
+    total_steps: int
+    steps_done: int = 0
+    stopped: bool = False
+    checkpoint: Path | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    reward_first: float | None = None
+
+
+def closing_lines(result: RunResult, *, spec: str, overrides: list[str]) -> list[str]:
+    """Lines printed at the end of ``fp8rl run``: run directory, final metrics, next commands.
+
+    ``spec``/``overrides``: the command line the run was started with (the resume command
+    repeats them with ``checkpoint.resume=auto``, and raises ``steps`` for a finished run).
+    """
+    state = "stopped early" if result.stopped else "finished"
+    lines = [
+        f"run {state} after {result.steps_done} of {result.total_steps} steps",
+        f"run directory: {result.run_dir}",
+    ]
+    shown = [f"{k} {result.metrics[k]:.4g}" for k in FINAL_KEYS if k in result.metrics]
+    if shown:
+        lines.append("final metrics (last step): " + "  ".join(shown))
+    if result.reward_first is not None and "reward/mean" in result.metrics:
+        lines.append(
+            f"reward/mean: {result.reward_first:.3f} at step 1 -> "
+            f"{result.metrics['reward/mean']:.3f} at step {result.steps_done}"
+        )
+    run_dir = shlex.quote(str(result.run_dir))
+    lines += ["next:", f"  fp8rl report {run_dir}                 # plots and a summary"]
+    if result.checkpoint is not None:
+        lines.append(f"  fp8rl export {run_dir} --format hf-bf16  # a Hugging Face model")
+        lines.append(f"  {resume_command(result, spec=spec, overrides=overrides)}  # resume")
+    else:
+        lines.append("  (no checkpoint was written: export and resume need checkpoint.save_final)")
+    return lines
+
+
+def resume_command(result: RunResult, *, spec: str, overrides: list[str]) -> str:
+    """``fp8rl run`` continuing from the newest checkpoint (more steps when the run finished)."""
+    dropped = ("checkpoint.resume=",) if result.stopped else ("checkpoint.resume=", "steps=")
+    kept = [o for o in overrides if not o.startswith(dropped)]
+    more = [] if result.stopped else [f"steps={result.total_steps * 2}"]
+    words = ["fp8rl", "run", spec, *kept, *more, "checkpoint.resume=auto"]
+    return " ".join(shlex.quote(w) for w in words)
