@@ -29,9 +29,14 @@ from fp8rl.kernels.invariant import (
     rms_norm,
     rope_table,
     silu_mul,
-    token_logprobs,
 )
-from fp8rl.kernels.kv import check_kv_scale, kv_dequantize, kv_quantize, kv_scale_from_amax
+from fp8rl.kernels.kv import (
+    check_kv_scale,
+    kv_dequantize,
+    kv_quantize,
+    kv_round_trip,
+    kv_scale_from_amax,
+)
 from fp8rl.workers.model.config import DecoderConfig
 from fp8rl.workers.model.linear import LayerPrecision, make_linear
 
@@ -130,23 +135,28 @@ class Attention(nn.Module):
         q = apply_rope(q.transpose(1, 2), cos, sin)
         k = apply_rope(k.transpose(1, 2), cos, sin)
         v = v.transpose(1, 2)
-        if self.kv_fp8:
-            k, v = self._kv_codes(k, v)
-        if cache is not None:
+        if self.kv_fp8 and cache is None:  # the cache's round trip, gradients straight through
+            self._check_and_observe(k, v)
+            k = kv_round_trip(k, self.k_scale, q.dtype)
+            v = kv_round_trip(v, self.v_scale, q.dtype)
+        elif cache is not None:
+            if self.kv_fp8:
+                self._check_and_observe(k, v)
+                k, v = kv_quantize(k, self.k_scale), kv_quantize(v, self.v_scale)
             k_cache, v_cache = cache
             index = positions[:, None, :, None].expand(-1, self.kv_heads, -1, self.head_dim)
             _scatter(k_cache, index, k)
             _scatter(v_cache, index, v)
             k, v = k_cache, v_cache
-        if self.kv_fp8:
-            k = kv_dequantize(k, self.k_scale, q.dtype)
-            v = kv_dequantize(v, self.v_scale, q.dtype)
+            if self.kv_fp8:
+                k = kv_dequantize(k, self.k_scale, q.dtype)
+                v = kv_dequantize(v, self.v_scale, q.dtype)
         mask = attention_mask(positions, k_len, k.shape[2])
         out = attention(q, k, v, mask, scale=self.head_dim**-0.5, exact=self.exact)
         return self.o_proj(out.transpose(1, 2).reshape(b, length, self.heads * self.head_dim))
 
-    def _kv_codes(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """FP8 codes of k and v with the calibrated scales (observing amax when calibrating)."""
+    def _check_and_observe(self, k: Tensor, v: Tensor) -> None:
+        """Refuse uncalibrated scales; record k/v amax while calibrating (``observe_kv``)."""
         if self.observe_kv:
             with torch.no_grad():
                 seen = torch.stack(
@@ -156,7 +166,6 @@ class Attention(nn.Module):
         if not capturing():
             check_kv_scale(self.k_scale, "k_scale")
             check_kv_scale(self.v_scale, "v_scale")
-        return kv_quantize(k, self.k_scale), kv_quantize(v, self.v_scale)
 
     def recalibrate_kv(self) -> None:
         """Set k/v scales from the amax observed since the last call (trainer only)."""
@@ -311,6 +320,9 @@ class Decoder(nn.Module):
 
         The rollout engine and the trainer both score tokens through this method.
         """
-        return token_logprobs(
-            self.logits(hidden), tokens, temperature=temperature, exact=self.precision.exact
+        from fp8rl.workers.model.logprob import chunked_logprobs
+
+        logp, _ = chunked_logprobs(
+            self.logits, hidden, tokens, temperature=temperature, exact=self.precision.exact
         )
+        return logp

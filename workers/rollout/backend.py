@@ -45,9 +45,12 @@ class RolloutBackend(ABC):
     def release_memory(self) -> None:
         """Free the KV cache (and, where the backend can, weights) while the trainer runs on a
         shared GPU. Default: nothing to release."""
+        return None
 
     def resume_memory(self) -> None:
         """Re-allocate what ``release_memory`` freed before the next ``generate``."""
+        return None
 
     def close(self) -> None:
         """Release the engine's processes and memory; the actor may then be killed."""
+        return None
