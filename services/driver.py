@@ -25,7 +25,7 @@ from fp8rl.services.eval_phase import Evaluator
 from fp8rl.services.preflight import preflight
 from fp8rl.services.rollout_phase import PromptFeed, collect
 from fp8rl.services.run_dir import prepare_run_dir, run_dir_of
-from fp8rl.services.runtime import Workers, init_ray, running_workers, sync_weights
+from fp8rl.services.runtime import Workers, init_ray, running_workers
 from fp8rl.services.step_batch import (
     advantages,
     calibrate_kv_cache,
@@ -37,6 +37,7 @@ from fp8rl.services.step_batch import (
 )
 from fp8rl.services.step_metrics import generation_rows, step_metrics
 from fp8rl.services.tracking import Tracker
+from fp8rl.services.weights import sync_weights
 from fp8rl.workers.algorithms import mismatch_by_position, mismatch_metrics
 from fp8rl.workers.model.loading import load_tokenizer, resolve_model
 
@@ -78,10 +79,10 @@ def train_loop(s: Session, workers: Workers) -> dict[str, float]:
     update → publish weights, one step at a time (DESIGN.md §5)."""
     job, tokenizer = s.job, s.tokenizer
     calibrate_kv_cache(workers, job, s.feed)
-    sync_weights(workers, include_reference=True)  # version 0: engines hold the trainer's codes
+    sync(workers, reference=True)  # version 0: engines (and the reference) hold the trainer's codes
     if s.resume:  # trainer state, data cursor, RNG; the reference keeps the initial policy
-        s.checkpoints.restore(s.resume, workers.trainer, s.sampler)
-        sync_weights(workers)
+        s.checkpoints.restore(s.resume, workers.trainers, s.sampler)
+        sync(workers)
     if s.reporter:
         s.reporter.started(
             quant_fingerprint=job.precision.quant.fingerprint(), run_dir=str(run_dir_of(job))
@@ -96,29 +97,37 @@ def train_loop(s: Session, workers: Workers) -> dict[str, float]:
         with timer("ref"):
             batch.ref_logp = reference_logprobs(workers, batch)
         with timer("old_logp"):
-            batch.old_logp = trainer_logprobs(workers, batch)
+            batch.old_logp = trainer_logprobs(workers, batch, job)
         with timer("values"):
             values = critic_values(workers, batch)
         mismatch = mismatch_metrics(batch.old_logp, batch.rollout_logp, batch.packed.response_mask)
         batch.advantages, returns = advantages(job, rollouts, batch, values)
         with timer("train"):
-            train_metrics = train(workers, batch, returns=returns, values=values)
+            train_metrics = train(workers, batch, job, returns=returns, values=values)
         with timer("sync"):
-            version = sync_weights(workers)
+            version = sync(workers)
         metrics = step_metrics(rollouts, batch, mismatch, train_metrics, timer, version=version)
         log_step(s.tracker, step, metrics, rollouts, batch)
         if s.evaluator.due(step):
             metrics |= evaluate(s, workers, step)
         done = step + 1
-        s.checkpoints.maybe_save(done, workers.trainer, s.sampler)
+        s.checkpoints.maybe_save(done, workers.trainers, s.sampler)
         if s.reporter:
             s.reporter.step(done, metrics)  # the API counts completed steps (1 after the first)
             if s.reporter.stop_requested():
                 log.info("stop requested after step %d", step)
                 stopped = True
                 break
-    s.checkpoints.finish(done, workers.trainer, s.sampler, stopped=stopped)
+    s.checkpoints.finish(done, workers.trainers, s.sampler, stopped=stopped)
     return metrics
+
+
+def sync(workers: Workers, *, reference: bool = False) -> int:
+    """Weight sync trainer → engines (and the reference, at version 0); the new version."""
+    refs = workers.references if reference else None
+    return sync_weights(
+        workers.trainers, workers.rollout, reference=refs, transport=workers.transport
+    )
 
 
 def open_session(job: JobSpec, reporter: Any) -> Session | None:

@@ -113,13 +113,18 @@ def check_handshakes(reports: list[Handshake], precision: PrecisionSpec) -> list
 class Workers:
     """Actor handles of a run."""
 
-    trainer: Any
+    trainers: list[Any]
     rollout: list[Any]
     reward: Any
-    reference: Any | None = None
+    references: list[Any] = field(default_factory=list)
     critic: Any | None = None
     transport: str = "object_store"
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def trainer(self) -> Any:
+        """Trainer rank 0 (the one that sends weight updates)."""
+        return self.trainers[0]
 
 
 @contextmanager
@@ -158,20 +163,7 @@ def launch_workers(job: JobSpec, *, started: list[Any] | None = None) -> Workers
             "num_gpus": gpus / sharing,
         }
 
-    trainer = (
-        ray.remote(TrainerWorker)
-        .options(**opts(job.trainer.gpus_per_worker))
-        .remote(
-            job.model,
-            job.trainer,
-            job.algorithm,
-            job.precision,
-            total_steps=job.steps,
-            batch_size=job.batch_size,
-            device=device,
-            seed=seed,
-        )
-    )
+    trainers = _trainer_ranks(job, ray.remote(TrainerWorker), opts(job.trainer.gpus_per_worker))
     engine_gpus = job.rollout.gpus_per_worker  # a vLLM engine with TP k holds k GPUs
     rollout = [
         _rollout_actor(job)
@@ -179,9 +171,9 @@ def launch_workers(job: JobSpec, *, started: list[Any] | None = None) -> Workers
         .remote(job.model, job.rollout, job.precision, device=device, rank=rank, seed=seed)
         for rank in range(job.rollout.num_workers)
     ]
-    reference = None
+    references = []
     if job.reference_enabled:
-        reference = (
+        references = [
             ray.remote(ReferenceWorker)
             .options(**opts(job.reference.gpus_per_worker))
             .remote(
@@ -191,7 +183,8 @@ def launch_workers(job: JobSpec, *, started: list[Any] | None = None) -> Workers
                 micro_batch_size=job.trainer.micro_batch_size,
                 seed=seed,
             )
-        )
+            for _ in range(job.reference.num_workers)
+        ]
     critic = None
     if job.algorithm.advantage_estimator == "gae":
         critic = (
@@ -201,13 +194,16 @@ def launch_workers(job: JobSpec, *, started: list[Any] | None = None) -> Workers
         )
     reward = ray.remote(RewardWorker).options(num_cpus=0, max_concurrency=2).remote(job.reward)
     if started is not None:  # the caller kills what was started, even if a handshake fails below
-        started.extend(a for a in (trainer, *rollout, reference, critic, reward) if a is not None)
+        started.extend(
+            a for a in (*trainers, *rollout, *references, critic, reward) if a is not None
+        )
+    if len(trainers) > 1:  # join the FSDP group: rank 0's address, every rank at once
+        host, port = ray.get(trainers[0].free_address.remote())
+        ray.get([t.join.remote(f"tcp://{host}:{port}") for t in trainers])
     workers = Workers(
-        trainer=trainer, rollout=rollout, reward=reward, reference=reference, critic=critic
+        trainers=trainers, rollout=rollout, reward=reward, references=references, critic=critic
     )
-    reports = ray.get(
-        [a.handshake.remote() for a in [trainer, *rollout, *([reference] if reference else [])]]
-    )
+    reports = ray.get([a.handshake.remote() for a in [*trainers, *rollout, *references]])
     workers.notes = check_handshakes(reports, job.precision)
     for r in reports:
         log.info(
@@ -222,6 +218,32 @@ def launch_workers(job: JobSpec, *, started: list[Any] | None = None) -> Workers
         )
     workers.transport = setup_transport(workers, job, reports)
     return workers
+
+
+def _trainer_ranks(job: JobSpec, actor: Any, options: dict[str, Any]) -> list[Any]:
+    """``trainer.num_workers`` TrainerWorker actors; with more than one, each waits for ``join``."""
+    n = job.trainer.num_workers
+    return [
+        actor.options(**options, **actor_options("trainer", rank)).remote(
+            job.model,
+            job.trainer,
+            job.algorithm,
+            job.precision,
+            total_steps=job.steps,
+            batch_size=job.batch_size,
+            device=job.resources.device,
+            seed=job.seed,
+            rank=rank,
+            world_size=n,
+        )
+        for rank in range(n)
+    ]
+
+
+def actor_options(role: str, index: int) -> dict[str, Any]:
+    """Extra Ray options (placement) of actor ``index`` of ``role``; none yet: the placement
+    plan fills this in."""
+    return {}
 
 
 def setup_transport(workers: Workers, job: JobSpec, reports: list[Handshake]) -> str:
@@ -272,25 +294,3 @@ def _rollout_actor(job: JobSpec) -> Any:
 
         return ray.remote(VLLMRolloutWorker)
     raise ValueError(f"rollout.backend={job.rollout.backend} is not implemented yet (native, vllm)")
-
-
-def sync_weights(workers: Workers, *, include_reference: bool = False) -> int:
-    """Publish the trainer's weights and apply them on every engine (and the reference at version 0).
-
-    The payload goes through the Ray object store: the trainer returns it, the driver never
-    materialises it, each engine resolves the same object. Returns the new policy version.
-    """
-    update_ref, payload_ref = workers.trainer.publish.options(num_returns=2).remote()
-    sending = []
-    if workers.transport == "nccl":  # receivers enter the broadcast while the trainer sends
-        update_ref = ray.get(update_ref)
-        sending = [workers.trainer.broadcast.remote()]
-    applied = [w.apply_weights.remote(update_ref, payload_ref) for w in workers.rollout]
-    if include_reference and workers.reference is not None:
-        ref_update, ref_payload = workers.trainer.publish.options(num_returns=2).remote(
-            role="reference"
-        )
-        applied.append(workers.reference.apply_weights.remote(ref_update, ref_payload))
-    versions = ray.get(applied)
-    ray.get(sending)
-    return versions[0]

@@ -315,6 +315,46 @@ class Decoder(nn.Module):
             return dense_linear(hidden, self.model.embed_tokens.weight, exact=self.precision.exact)
         return self.lm_head(hidden)
 
+    def score_responses(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        lengths: Tensor,
+        prompt_lengths: Tensor,
+        response_ids: Tensor,
+        *,
+        temperature: float,
+        with_entropy: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Logprobs (and entropy) [B, R] float32 of right-padded response tokens, in one call.
+
+        The whole policy pass (decoder, response gather, chunked lm_head + log-softmax) runs
+        inside this method, so a sharded trainer registers it as an FSDP forward method and the
+        root's parameters (embeddings, final norm, lm_head) are gathered once around it.
+
+        Args:
+            input_ids, positions: [B, L] int64 prompt+response (``PackedBatch``).
+            lengths, prompt_lengths: [B] int64. response_ids: [B, R] int64.
+            temperature: sampling temperature. with_entropy: also return the entropy.
+        Returns:
+            (logp [B, R], entropy [B, R] or None), unmasked (callers mask padding).
+        """
+        from fp8rl.workers.model.logprob import chunked_logprobs
+
+        hidden = self.forward(input_ids, positions, lengths)
+        r = response_ids.shape[1]
+        idx = prompt_lengths[:, None] - 1 + torch.arange(r, device=hidden.device)[None]
+        idx = idx.clamp(max=hidden.shape[1] - 1)
+        hidden = hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1]))
+        return chunked_logprobs(
+            self.logits,
+            hidden,
+            response_ids,
+            temperature=temperature,
+            exact=self.precision.exact,
+            with_entropy=with_entropy,
+        )
+
     def token_logprobs(self, hidden: Tensor, tokens: Tensor, *, temperature: float) -> Tensor:
         """log p(tokens) [...] (float32) under softmax(logits/temperature), from hidden [..., H].
 

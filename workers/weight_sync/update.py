@@ -10,6 +10,8 @@ the engine keeps its previous weights and version.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -54,6 +56,7 @@ def build_update(
     version: int,
     fingerprint: str | None,
     transport: str = "object_store",
+    gather: Callable[[Tensor], Tensor | None] | None = None,
 ) -> tuple[WeightUpdate, dict[str, Tensor]]:
     """Manifest + payload of the trainer's current weights in the receiver's layout.
 
@@ -65,6 +68,11 @@ def build_update(
         model: the trainer's Decoder. receiver: the engines' precision (layout and dtype).
         version: policy version (optimizer steps taken). fingerprint: QuantConfig fingerprint.
         transport: recorded in the manifest.
+        gather: for a sharded trainer, the full tensor of a parameter (a collective every rank
+            calls in the same order; None on ranks that do not send). FP8 weights are then
+            quantized here from the gathered master weight — the same ``per_block_quant`` an
+            unsharded trainer's cache runs, so the codes and scales are bitwise equal whatever
+            the shard boundaries (gather first, quantize once).
     """
     from fp8rl.kernels import per_block_quant
 
@@ -80,15 +88,24 @@ def build_update(
             )
             if not (is_linear and receiver.fp8 and receiver.linear_is_fp8(prefix, num_blocks)):
                 continue
-            q = (
-                module.quantized_weight()
-                if is_fp8_linear(module)
-                else per_block_quant(
+            if gather is not None:
+                weight = gather(weight)
+                if weight is None:  # a rank that does not send: gathered its share, done
+                    fp8_prefixes.add(prefix)
+                    continue
+                q = per_block_quant(
+                    weight.detach(),
+                    scale_format=receiver.quant.scale_format,
+                    name="FP8Linear.weight",
+                )
+            elif is_fp8_linear(module):
+                q = module.quantized_weight()
+            else:
+                q = per_block_quant(
                     weight.detach(),
                     scale_format=receiver.quant.scale_format,
                     name=f"{prefix}.weight",
                 )
-            )
             payload[f"{prefix}.weight"] = q.codes
             payload[f"{prefix}{SCALE_SUFFIX}"] = q.scale
             meta[f"{prefix}.weight"] = ("fp8_weight", [128, 128])
@@ -98,7 +115,10 @@ def build_update(
             owner, _, leaf = name.rpartition(".")
             if owner in fp8_prefixes and leaf == "weight":
                 continue
-            payload[name] = param.detach().to(receiver.dtype)
+            full = param if gather is None else gather(param)
+            if full is None:
+                continue
+            payload[name] = full.detach().to(receiver.dtype)
             meta[name] = ("dense", None)
         if receiver.kv_fp8:
             for prefix, module in model.named_modules():
