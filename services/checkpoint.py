@@ -3,12 +3,18 @@
 Layout (``<run_dir>/checkpoints/``)::
 
     step_<N>/               N = RL steps completed; a resumed run continues at step index N
-      model.safetensors     master weights (trainer dtype, Hugging Face names)
-      state.pt              AdamW state, LR scheduler, policy version, trainer + driver RNG
+      trainer/              written by the trainer ranks themselves (torch.distributed.checkpoint):
+        .metadata, __<rank>_0.distcp   master weights ("model.*", HF names) and AdamW state
+        rank_<r>.pt         each rank's LR scheduler, policy version and RNG
+      state.pt              the driver's RNG
       tokenizer/            tokenizer files + chat template (so exports need no model source)
       meta.json             CheckpointMeta: step, version, data cursor, quant fingerprint,
                             resolved JobSpec, decoder config, the byte size of every file
     latest                  "step_<N>": the newest complete checkpoint (written last)
+
+The driver never holds tensors: it creates the temporary directory, asks every trainer rank to
+``save`` into it, records the files the ranks report, then commits. Resume works with another
+rank count (DCP reshards), and ``read_model_weights`` consolidates the shards for exports.
 
 Why this recipe: a checkpoint is written into ``.tmp-step_<N>-<pid>/``, every file fsynced,
 ``meta.json`` last, the directory renamed into place (atomic on POSIX) and only then ``latest``
@@ -16,7 +22,7 @@ replaced (write a temp file, fsync, ``os.replace``). A ``kill -9`` at any point 
 either the old pointer to an old complete checkpoint or the new pointer to a new complete one;
 half-written ``.tmp-*`` directories are never pointed at and are removed at the next start.
 
-RNG: the trainer's torch RNG (CPU and CUDA) and the driver's torch/Python RNG are saved. Rollout
+RNG: each trainer rank's torch RNG (CPU and CUDA) and the driver's torch/Python RNG are saved. Rollout
 engines need none: every request samples from a generator seeded with ``(seed, step, round)``
 (``rollout_phase.collect``), reward functions are rules and the reference is deterministic, so
 the data of step N depends only on the restored weights, the data cursor and N.
@@ -34,12 +40,12 @@ import os
 import random
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from pydantic import Field
-from safetensors.torch import load_file, save_file
 
 from fp8rl.protocol import JobSpec, QuantConfig
 from fp8rl.protocol.base import StrictModel
@@ -49,8 +55,11 @@ log = logging.getLogger(__name__)
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 META = "meta.json"
-MODEL_FILE = "model.safetensors"
+TRAINER_DIR = "trainer"
+"""The ranks' ``torch.distributed.checkpoint`` directory (``TrainerWorker.save``)."""
 STATE_FILE = "state.pt"
+FORMAT_VERSION = 2
+"""2: rank-written DCP shards. 1 (refused): one unsharded model.safetensors + state.pt."""
 TOKENIZER_DIR = "tokenizer"
 TOKENIZER_PATTERNS = (
     "tokenizer*",
@@ -75,7 +84,7 @@ class CheckpointError(ValueError):
 class CheckpointMeta(StrictModel):
     """``meta.json``: what a checkpoint holds and under which contract it was written."""
 
-    format_version: int = 1
+    format_version: int = FORMAT_VERSION
     """Layout version of the checkpoint directory."""
 
     step: int = Field(ge=0)
@@ -127,7 +136,8 @@ def write_checkpoint(
     *,
     step: int,
     job: JobSpec,
-    trainer_state: dict[str, Any],
+    write_trainer: Callable[[Path], list[str]],
+    policy_version: int,
     data_cursor: dict[str, Any],
     model_config: dict[str, Any],
     tokenizer_dir: Path | None,
@@ -139,13 +149,18 @@ def write_checkpoint(
         root: the run's ``checkpoints`` directory (created when missing).
         step: RL steps completed.
         job: the resolved spec (stored, and its quant fingerprint).
-        trainer_state: ``TrainerWorker.state_dict()`` (``model`` tensors on CPU, HF names).
+        write_trainer: called with the temporary directory; every trainer rank writes its shards
+            there (``TrainerWorker.save``); returns the relative paths written.
+        policy_version: the trainer's optimizer steps.
         data_cursor: ``PromptSampler.state_dict()``.
         model_config: ``DecoderConfig.to_dict()``.
         tokenizer_dir: copied into ``tokenizer/`` (None: no tokenizer, e.g. random presets).
         driver_rng: ``driver_rng_state()`` of the driver process.
     An existing ``step_<step>`` (from an earlier attempt) is replaced only once the new one is
     complete.
+
+    Raises:
+        CheckpointError: a file a rank reported is not there.
     """
     start = time.perf_counter()
     root.mkdir(parents=True, exist_ok=True)
@@ -153,29 +168,30 @@ def write_checkpoint(
     tmp = root / f".tmp-{name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    model = {k: v.detach().cpu().contiguous() for k, v in trainer_state["model"].items()}
-    save_file(model, tmp / MODEL_FILE, metadata={"format": "pt", "fp8rl_step": str(step)})
-    _fsync_file(tmp / MODEL_FILE)
+    written = write_trainer(tmp)
+    for rel in written:
+        _fsync_file(tmp / rel)
     _test_delay(step)
-    rest = {k: v for k, v in trainer_state.items() if k != "model"}
     with open(tmp / STATE_FILE, "wb") as f:
-        torch.save({"trainer": rest, "driver_rng": driver_rng or {}}, f)
+        torch.save({"driver_rng": driver_rng or {}}, f)
         _flush_and_sync(f)
     if tokenizer_dir is not None:
         _copy_tokenizer(tokenizer_dir, tmp / TOKENIZER_DIR)
     files = {
         str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()
     }
-    dtypes = {str(t.dtype).removeprefix("torch.") for t in model.values() if t.is_floating_point()}
+    missing = sorted(set(written) - set(files))
+    if missing:
+        raise CheckpointError(f"trainer ranks reported files that are not there: {missing[:5]}")
     meta = CheckpointMeta(
         step=step,
-        policy_version=int(trainer_state["version"]),
+        policy_version=policy_version,
         quant_fingerprint=job.precision.quant.fingerprint(),
         quant=job.precision.quant,
         precision_mode=job.precision.mode,
         model_path=job.model.path,
         decoder_config=model_config,
-        master_dtype=",".join(sorted(dtypes)),
+        master_dtype=job.trainer.master_dtype,
         data_cursor=data_cursor,
         job=job.model_dump(mode="json"),
         files=files,
@@ -212,6 +228,13 @@ def verify_checkpoint(path: Path) -> CheckpointMeta:
         meta = CheckpointMeta.model_validate_json(meta_path.read_text())
     except ValueError as error:
         raise CheckpointError(f"{meta_path} is unreadable: {error}") from error
+    if meta.format_version != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path} is a format-{meta.format_version} checkpoint (one unsharded "
+            "model.safetensors + state.pt, written by an older fp8rl); this version resumes and "
+            f"exports only rank-written checkpoints (format {FORMAT_VERSION}). Export it with the "
+            "fp8rl that wrote it, or start over with checkpoint.resume=never"
+        )
     for rel, size in meta.files.items():
         file = path / rel
         if not file.is_file() or file.stat().st_size != size:
@@ -285,22 +308,43 @@ def checkpoint_step(path: Path | None) -> int:
     return 0 if path is None else verify_checkpoint(path).step
 
 
-def read_checkpoint(path: Path) -> tuple[CheckpointMeta, dict[str, Any], dict[str, Any]]:
-    """(meta, trainer state for ``TrainerWorker.load_state_dict``, driver RNG state).
+def read_checkpoint(path: Path) -> tuple[CheckpointMeta, dict[str, Any]]:
+    """(meta, driver RNG state); the trainer ranks ``load`` their own state from ``path``.
 
     Raises:
-        CheckpointError: the checkpoint is incomplete.
+        CheckpointError: the checkpoint is incomplete or of an older format.
     """
     meta = verify_checkpoint(path)
     saved = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
-    trainer = {"model": load_file(path / MODEL_FILE), **saved["trainer"]}
-    return meta, trainer, saved.get("driver_rng", {})
+    return meta, saved.get("driver_rng", {})
 
 
 def read_model_weights(path: Path) -> dict[str, torch.Tensor]:
-    """The master weights of a checkpoint (HF names, saved dtype)."""
+    """The master weights of a checkpoint (HF names, saved dtype), consolidated from the ranks'
+    DCP shards in this process (no process group)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
     verify_checkpoint(path)
-    return load_file(path / MODEL_FILE)
+    reader = dcp.FileSystemReader(path / TRAINER_DIR)
+    state = {
+        key.removeprefix("model."): torch.empty(item.size, dtype=item.properties.dtype)
+        for key, item in reader.read_metadata().state_dict_metadata.items()
+        if key.startswith("model.") and isinstance(item, TensorStorageMetadata)
+    }
+    dcp.load({"model": state}, storage_reader=reader, no_dist=True)
+    return state
+
+
+def write_model_shards(directory: Path, weights: dict[str, torch.Tensor]) -> list[str]:
+    """Write ``weights`` (HF names) as a one-rank trainer checkpoint without optimizer state —
+    the ``write_trainer`` of ``write_checkpoint`` for weights that no trainer holds (tests,
+    imports). Returns the relative paths written."""
+    import torch.distributed.checkpoint as dcp
+
+    target = directory / TRAINER_DIR
+    dcp.save({"model": dict(weights)}, checkpoint_id=target, no_dist=True)
+    return [str(p.relative_to(directory)) for p in sorted(target.iterdir()) if p.is_file()]
 
 
 def prune_checkpoints(root: Path, *, keep_last: int) -> list[Path]:
@@ -388,8 +432,8 @@ def set_driver_rng_state(state: dict[str, Any]) -> None:
 class Checkpointer:
     """The driver's checkpoint hooks for one run directory.
 
-    ``trainer`` arguments are a TrainerWorker actor handle (``.state_dict.remote()``) or, in
-    tests, a plain object with ``state_dict()`` / ``load_state_dict()``.
+    ``trainers`` arguments are the trainer ranks: TrainerWorker actor handles (``save``, ``load``,
+    ``current_version``) or, in tests, plain objects with those methods.
     """
 
     def __init__(self, run_dir: Path, job: JobSpec) -> None:
@@ -425,12 +469,12 @@ class Checkpointer:
             )
         return path
 
-    def restore(self, path: Path, trainer: Any, sampler: Any) -> int:
-        """Load weights, optimizer, scheduler, version and RNG into the trainer, the data cursor
-        into ``sampler`` and the driver's RNG; return the step to continue from."""
+    def restore(self, path: Path, trainers: list[Any], sampler: Any) -> int:
+        """Every trainer rank loads its state (any rank count), the data cursor goes into
+        ``sampler`` and the driver's RNG is restored; return the step to continue from."""
         t0 = time.perf_counter()
-        meta, trainer_state, driver_rng = read_checkpoint(path)
-        _call(trainer, "load_state_dict", trainer_state)
+        meta, driver_rng = read_checkpoint(path)
+        _call_all(trainers, "load", path)
         sampler.load_state_dict(meta.data_cursor)
         set_driver_rng_state(driver_rng)
         self.last_saved = meta.step
@@ -443,20 +487,20 @@ class Checkpointer:
         )
         return meta.step
 
-    def maybe_save(self, step: int, trainer: Any, sampler: Any) -> Path | None:
+    def maybe_save(self, step: int, trainers: list[Any], sampler: Any) -> Path | None:
         """Save when ``step`` (steps completed) is a multiple of ``checkpoint.every_n_steps``."""
         every = self.spec.every_n_steps
         if every and step % every == 0:
-            return self.save(step, trainer, sampler)
+            return self.save(step, trainers, sampler)
         return None
 
-    def finish(self, step: int, trainer: Any, sampler: Any, *, stopped: bool) -> Path | None:
+    def finish(self, step: int, trainers: list[Any], sampler: Any, *, stopped: bool) -> Path | None:
         """The end-of-run save (``save_final``, or a requested stop); skipped if already saved."""
         if step == self.last_saved or step == 0 or not (self.spec.save_final or stopped):
             return None
-        return self.save(step, trainer, sampler)
+        return self.save(step, trainers, sampler)
 
-    def save(self, step: int, trainer: Any, sampler: Any) -> Path:
+    def save(self, step: int, trainers: list[Any], sampler: Any) -> Path:
         """Write ``step_<step>`` from the trainer's current state, move ``latest``, prune."""
         t0 = time.perf_counter()
         config, tokenizer = self._model_info()
@@ -464,7 +508,10 @@ class Checkpointer:
             self.root,
             step=step,
             job=self.job,
-            trainer_state=_call(trainer, "state_dict"),
+            write_trainer=lambda tmp: sorted(
+                {f for files in _call_all(trainers, "save", tmp) for f in files}
+            ),
+            policy_version=_call_all(trainers[:1], "current_version")[0],
             data_cursor=sampler.state_dict(),
             model_config=config,
             tokenizer_dir=tokenizer,
@@ -491,13 +538,14 @@ class Checkpointer:
 # helpers
 
 
-def _call(target: Any, method: str, *args: Any) -> Any:
-    fn = getattr(target, method)
-    if hasattr(fn, "remote"):
+def _call_all(targets: list[Any], method: str, *args: Any) -> list[Any]:
+    """``method(*args)`` on every target at once (Ray actors) or in turn (plain objects)."""
+    fns = [getattr(t, method) for t in targets]
+    if fns and hasattr(fns[0], "remote"):
         import ray
 
-        return ray.get(fn.remote(*args))
-    return fn(*args)
+        return ray.get([fn.remote(*args) for fn in fns])
+    return [fn(*args) for fn in fns]
 
 
 def _copy_tokenizer(source: Path, target: Path) -> None:
@@ -562,4 +610,5 @@ __all__ = [
     "read_model_weights",
     "verify_checkpoint",
     "write_checkpoint",
+    "write_model_shards",
 ]

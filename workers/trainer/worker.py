@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from fp8rl.protocol import (
@@ -357,7 +358,11 @@ class TrainerWorker(TrainerBackend):
         target = Path(directory) / DCP_DIR
         target.mkdir(parents=True, exist_ok=True)
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=target)
+        dcp.save(
+            {"model": model_state, "optim": optim_state},
+            checkpoint_id=target,
+            no_dist=not dist.is_initialized(),
+        )
         own = target / f"rank_{self.rank}.pt"
         torch.save(self._rank_state(), own)
         mine = sorted(p for p in target.glob(f"__{self.rank}_*") if p.is_file())
@@ -379,7 +384,7 @@ class TrainerWorker(TrainerBackend):
             raise FileNotFoundError(f"{directory} has no trainer shards ({DCP_DIR}/.metadata)")
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         state = {"model": model_state, "optim": optim_state}
-        dcp.load(state, checkpoint_id=source)
+        dcp.load(state, checkpoint_id=source, no_dist=not dist.is_initialized())
         set_state_dict(
             self.model,
             self.optimizer,
@@ -395,6 +400,10 @@ class TrainerWorker(TrainerBackend):
         if saved["rng"]["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(saved["rng"]["cuda"])
         self._invalidate_fp8()
+        return self.version
+
+    def current_version(self) -> int:
+        """Optimizer steps taken (the policy version of the weights held)."""
         return self.version
 
     def _rank_state(self) -> dict[str, Any]:
