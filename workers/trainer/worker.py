@@ -152,7 +152,7 @@ class TrainerWorker(TrainerBackend):
                 role="trainer",
                 trainable=True,
                 param_dtype=DTYPES[trainer.master_dtype],
-                device=torch.device("cpu"),
+                device=self.device,  # the unsharded trainer's init device: the same numbers
                 seed=self.seed,
                 source=source,
             )[0]
@@ -166,6 +166,9 @@ class TrainerWorker(TrainerBackend):
         model.to_empty(device="cpu" if on_host else self.device)
         sharding.reset_buffers(model, self.device)
         sharding.load_full_weights(model, full)
+        del full
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
         return model, source
 
     def handshake(self) -> Handshake:
