@@ -35,6 +35,8 @@ def init_group(
     from torch.distributed.device_mesh import init_device_mesh
 
     backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(torch.cuda.current_device())  # this actor's GPU, before the mesh
     dist.init_process_group(
         backend=backend,
         init_method=init_method,

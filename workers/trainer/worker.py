@@ -290,6 +290,7 @@ class TrainerWorker(TrainerBackend):
         sums: dict[str, float] = {}
         real = 0
         for micro in micros:
+            micro = None if micro is None else micro.to(self.device)
             logp, entropy = self._score(micro, with_entropy=True)
             if micro is None:
                 (
