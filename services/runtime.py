@@ -220,6 +220,15 @@ def launch_workers(job: JobSpec, *, started: list[Any] | None = None) -> Workers
     return workers
 
 
+def auto_transport(sender: tuple[str, str | None], engines: list[tuple[str, str | None]]) -> str:
+    """``cuda_ipc`` when every engine's ``(node id, GPU UUID)`` is the sender's, else ``nccl``.
+
+    CUDA IPC handles only open on the GPU that made them; one engine elsewhere needs NCCL.
+    """
+    same = sender[1] is not None and all(e == sender for e in engines)
+    return "cuda_ipc" if same else "nccl"
+
+
 def _trainer_ranks(job: JobSpec, actor: Any, options: dict[str, Any]) -> list[Any]:
     """``trainer.num_workers`` TrainerWorker actors; with more than one, each waits for ``join``."""
     n = job.trainer.num_workers
@@ -249,17 +258,19 @@ def actor_options(role: str, index: int) -> dict[str, Any]:
 def setup_transport(workers: Workers, job: JobSpec, reports: list[Handshake]) -> str:
     """Pick and initialise the weight transport (``resources.weight_transport``); return its name.
 
-    ``auto``: the object store on CPU, CUDA IPC when engines share the trainer's GPU, an NCCL
-    broadcast group (trainer = rank 0) when they own other GPUs. ``nccl`` on CPU uses gloo.
+    ``auto``: the object store on CPU; CUDA IPC only when every engine is on the very GPU of
+    trainer rank 0 (same node, same GPU UUID); otherwise an NCCL broadcast group (trainer rank 0
+    = group rank 0). ``nccl`` on CPU uses gloo.
     """
     name = job.resources.weight_transport
     on_gpu = any(r.device.startswith("cuda") for r in reports if r.role in ("trainer", "rollout"))
     if name == "auto":
-        name = (
-            "object_store"
-            if not on_gpu
-            else ("cuda_ipc" if job.resources.placement == "colocated" else "nccl")
-        )
+        name = "object_store"
+        if on_gpu:
+            sender, *engines = ray.get(
+                [a.gpu_location.remote() for a in [workers.trainer, *workers.rollout]]
+            )
+            name = auto_transport(sender, engines)
     if name == "object_store":
         return name
     if name == "cuda_ipc":

@@ -431,6 +431,12 @@ class TrainerWorker(TrainerBackend):
             sock.bind(("", 0))
             return ray.util.get_node_ip_address(), sock.getsockname()[1]
 
+    def gpu_location(self) -> tuple[str, str | None]:
+        """``(Ray node id, GPU UUID or None)`` of this rank's device (transport choice)."""
+        from fp8rl.workers.common import gpu_location
+
+        return gpu_location(self.device)
+
     def init_transport(self, name: str, **kwargs: Any) -> None:
         """Use transport ``name`` for weight updates (rank 0 sends; ``nccl`` joins its own group)."""
         if self.rank == 0:
