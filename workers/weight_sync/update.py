@@ -57,7 +57,7 @@ def build_update(
     fingerprint: str | None,
     transport: str = "object_store",
     gather: Callable[[Tensor], Tensor | None] | None = None,
-) -> tuple[WeightUpdate, dict[str, Tensor]]:
+) -> tuple[WeightUpdate | None, dict[str, Tensor]]:
     """Manifest + payload of the trainer's current weights in the receiver's layout.
 
     FP8 linears ship their cached ``quantized_weight()`` (the codes the trainer's own forward
@@ -72,7 +72,8 @@ def build_update(
             calls in the same order; None on ranks that do not send). FP8 weights are then
             quantized here from the gathered master weight — the same ``per_block_quant`` an
             unsharded trainer's cache runs, so the codes and scales are bitwise equal whatever
-            the shard boundaries (gather first, quantize once).
+            the shard boundaries (gather first, quantize once). A rank whose ``gather``
+            returns None gets ``(None, {})``.
     """
     from fp8rl.kernels import per_block_quant
 
@@ -126,6 +127,8 @@ def build_update(
                     for leaf in KV_SCALES:
                         payload[f"{prefix}.{leaf}"] = getattr(module, leaf).detach().clone()
                         meta[f"{prefix}.{leaf}"] = ("kv_scale", None)
+    if gather is not None and not payload:  # a rank that only took part in the gathers
+        return None, payload
     scale_format = receiver.quant.scale_format if receiver.fp8 else None
     entries = [
         TensorEntry(
