@@ -39,10 +39,12 @@ def unsupported(job: JobSpec) -> list[str]:
         out.append("trainer.backend: megatron is not implemented yet; use native")
     if job.rollout.backend == "sglang":
         out.append("rollout.backend: sglang is not implemented yet; use native or vllm")
-    if job.trainer.num_workers > 1:
+    mini = job.trainer.mini_batch_size or job.batch_size
+    if job.trainer.num_workers > mini:
         out.append(
-            f"trainer.num_workers: {job.trainer.num_workers} trainer actors (data-parallel training) "
-            "are not implemented yet; use 1 (several rollout workers are fine)"
+            f"trainer.num_workers: {job.trainer.num_workers} trainer ranks cannot split a "
+            f"mini-batch of {mini} sequences; use at most {mini} ranks or raise "
+            "trainer.mini_batch_size"
         )
     for i, fn in enumerate(job.reward.functions):
         if fn.name not in BUILTIN_REWARDS and "." not in fn.name and ":" not in fn.name:

@@ -18,14 +18,18 @@ def _problems(*overrides: str, local: bool = True) -> list[str]:
 
 
 def test_unimplemented_backends_are_refused_naming_each_field():
+    problems = _problems("trainer.backend=megatron", "rollout.backend=sglang", local=False)
+    assert [p.split(":")[0] for p in problems] == ["trainer.backend", "rollout.backend"]
+
+
+def test_more_trainer_ranks_than_mini_batch_sequences_are_refused():
     problems = _problems(
-        "trainer.backend=megatron", "rollout.backend=sglang", "trainer.num_workers=2", local=False
+        "trainer.num_workers=4",
+        "trainer.micro_batch_size=1",
+        "trainer.mini_batch_size=2",
+        local=False,
     )
-    assert [p.split(":")[0] for p in problems] == [
-        "trainer.backend",
-        "rollout.backend",
-        "trainer.num_workers",
-    ]
+    assert problems[0].startswith("trainer.num_workers: 4 trainer ranks cannot split")
 
 
 def test_template_without_question_or_with_bad_braces_is_refused():
