@@ -149,7 +149,7 @@ def launch_workers(job: JobSpec, *, started: list[Any] | None = None) -> Workers
     from fp8rl.workers.critic.worker import CriticWorker
     from fp8rl.workers.reference.worker import ReferenceWorker
     from fp8rl.workers.reward.worker import RewardWorker
-    from fp8rl.workers.trainer.worker import TrainerWorker
+    from fp8rl.workers.trainer.worker import TrainerWorker, needs_group
 
     device, seed = job.resources.device, job.seed
     gpu_roles = [job.trainer.gpus_per_worker, job.rollout.gpus_per_worker]
@@ -197,7 +197,7 @@ def launch_workers(job: JobSpec, *, started: list[Any] | None = None) -> Workers
         started.extend(
             a for a in (*trainers, *rollout, *references, critic, reward) if a is not None
         )
-    if len(trainers) > 1:  # join the FSDP group: rank 0's address, every rank at once
+    if needs_group(job.trainer):  # join the FSDP group: rank 0's address, every rank at once
         host, port = ray.get(trainers[0].free_address.remote())
         ray.get([t.join.remote(f"tcp://{host}:{port}") for t in trainers])
     workers = Workers(
@@ -230,7 +230,7 @@ def auto_transport(sender: tuple[str, str | None], engines: list[tuple[str, str 
 
 
 def _trainer_ranks(job: JobSpec, actor: Any, options: dict[str, Any]) -> list[Any]:
-    """``trainer.num_workers`` TrainerWorker actors; with more than one, each waits for ``join``."""
+    """``trainer.num_workers`` TrainerWorker actors; sharded ones wait for ``join``."""
     n = job.trainer.num_workers
     return [
         actor.options(**options, **actor_options("trainer", rank)).remote(

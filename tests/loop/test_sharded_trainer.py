@@ -1,9 +1,12 @@
 """FSDP2 trainer ranks (gloo, CPU, exact mode) against one unsharded trainer on the same batch.
 
-Tolerance: logprobs are bitwise equal (exact mode's forward is batch-invariant, sharding only
-moves where weights live). Loss and grad-norm agree within 1e-4 relative: each rank sums its own
-micro-batches' gradients and the ranks' sums are added by the reduce-scatter, a different float
-summation order than one process accumulating every micro-batch (measured ~1e-5).
+Tolerance: logprobs and the policy loss are bitwise/1e-6 equal (exact mode's forward is
+batch-invariant, sharding only moves where weights live). The grad norm agrees within 1e-4
+relative with an FP32 trainer: each rank sums its own micro-batches' gradients and the
+reduce-scatter adds the ranks' sums, a different float summation order than one process
+accumulating every micro-batch. Sharding also changes which rows share a micro-batch; an FP8
+trainer's WGrad quantizes gradients in groups of 128 tokens of a micro-batch, so there the grad
+norm moves by FP8 rounding (allowed 5e-3).
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ MODES = {
         ("precision.mode=unified_fp8", "precision.quant.kv_cache_dtype=fp8_e4m3"),
         5e-3,
     ),
-    # BF16 trainer, FP8 engines: only float summation order differs (~1e-5)
-    "fp8_rollout": (("precision.mode=fp8_rollout",), 1e-4),
+    # FP32 trainer, FP8 engines: only float summation order differs. (A BF16 trainer rounds
+    # each micro-batch's weight gradient to BF16, so a different composition moves it ~5e-4.)
+    "fp8_rollout_fp32": (("precision.mode=fp8_rollout", "model.dtype=float32"), 1e-4),
 }
 
 

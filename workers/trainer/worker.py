@@ -58,7 +58,7 @@ class TrainerWorker(TrainerBackend):
         seed: initialisation/dropout seed.
         rank, world_size: this rank and the number of ranks.
         init_method: ``tcp://host:port`` of the trainer group; given → FSDP2-sharded (also at
-            world_size 1). None with world_size > 1: call ``join`` before anything else.
+            world_size 1). None when ``needs_group(trainer)``: call ``join`` before anything else.
     """
 
     def __init__(
@@ -83,13 +83,11 @@ class TrainerWorker(TrainerBackend):
         self.spec, self.algorithm, self.precision, self.rank = trainer, algorithm, precision, rank
         self.model_spec, self.world_size, self.seed = model, world_size, seed
         self.device = pick_device(device)
-        if device == "auto" and self.device.type == "cuda":
-            torch.cuda.set_device(torch.cuda.current_device())
         self.total_steps, self.batch_size = total_steps, batch_size
         self.publisher = WeightPublisher(rank=rank)
         self.version = 0
         self.sharded = False
-        if init_method is not None or world_size == 1:
+        if init_method is not None or not needs_group(trainer):
             self.join(init_method)
 
     def join(self, init_method: str | None) -> None:
@@ -468,6 +466,11 @@ class TrainerWorker(TrainerBackend):
     def broadcast(self) -> None:
         """Send the last published payload over the NCCL group (engines receive concurrently)."""
         self.publisher.broadcast()
+
+
+def needs_group(trainer: TrainerSpec) -> bool:
+    """Whether the trainer runs FSDP2 (a process group): several ranks, or host-offloaded params."""
+    return trainer.num_workers > 1 or trainer.offload == "params_and_optimizer"
 
 
 def shard_batch(
