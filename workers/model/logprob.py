@@ -68,8 +68,9 @@ def chunked_logprobs(
         logp, entropy = checkpoint(step, *args, use_reentrant=False) if recompute else step(*args)
         logps.append(logp)
         entropies.append(entropy)
-    logp = torch.cat(logps).reshape(tokens.shape)
-    entropy = torch.cat(entropies).reshape(tokens.shape) if with_entropy else None
+    # fresh tensors, not views: FSDP hooks the outputs of a sharded model's forward method
+    logp = torch.cat(logps).reshape(tokens.shape).clone()
+    entropy = torch.cat(entropies).reshape(tokens.shape).clone() if with_entropy else None
     return logp, entropy
 
 
