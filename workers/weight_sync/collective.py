@@ -13,6 +13,7 @@ group, so a sharded trainer's FSDP group and the weight-sync group coexist in on
 from __future__ import annotations
 
 import datetime
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -37,11 +38,8 @@ class CollectiveTransport(Transport):
         timeout_s: float = 600.0,
     ) -> None:
         self.rank, self.backend = rank, backend
-        host, _, port = init_method.removeprefix("tcp://").rpartition(":")
         timeout = datetime.timedelta(seconds=timeout_s)
-        self.store = dist.TCPStore(
-            host, int(port), world_size, is_master=rank == 0, timeout=timeout
-        )
+        self.store = _store(init_method, rank, world_size, timeout)
         if backend == "nccl":
             self.device = torch.device("cuda", torch.cuda.current_device())
             self.group = dist.ProcessGroupNCCL(self.store, rank, world_size)
@@ -87,6 +85,14 @@ class CollectiveTransport(Transport):
     def close(self) -> None:
         """Leave the weight-sync group."""
         self.group = None
+
+
+def _store(init_method: str, rank: int, world_size: int, timeout: datetime.timedelta) -> Any:
+    """The rendezvous store of ``tcp://host:port`` (rank 0 hosts it) or ``file:///path``."""
+    if init_method.startswith("file://"):
+        return dist.FileStore(init_method.removeprefix("file://"), world_size)
+    host, _, port = init_method.removeprefix("tcp://").rpartition(":")
+    return dist.TCPStore(host, int(port), world_size, is_master=rank == 0, timeout=timeout)
 
 
 BUCKET_BYTES = 512 * 2**20
