@@ -39,3 +39,26 @@ def kv_dequantize(codes: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
 def kv_scale_from_amax(amax: Tensor) -> Tensor:
     """Per-tensor scale amax / 448 (float32), floored at the smallest normal for all-zero tensors."""
     return torch.clamp(amax.float() / FP8_E4M3_MAX, min=MIN_SCALE)
+
+
+class _KVRoundTrip(torch.autograd.Function):
+    """Forward: FP8 quantize → dequantize; backward: straight-through (identity) gradient."""
+
+    @staticmethod
+    def forward(ctx, x, scale, dtype):
+        return kv_dequantize(kv_quantize(x, scale), scale, dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None
+
+
+def kv_round_trip(x: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
+    """``kv_dequantize(kv_quantize(x, scale), scale, dtype)`` with a straight-through gradient.
+
+    Bitwise the keys/values an engine reads back from its FP8 cache; in the backward the round
+    trip counts as identity (the float8 cast has no useful derivative: without this the k_proj /
+    v_proj weights of a trainer with an FP8 KV cache get zero gradients).
+    x: any shape; scale: 0-d float32 → x's shape in ``dtype``.
+    """
+    return _KVRoundTrip.apply(x, scale, dtype)

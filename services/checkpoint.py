@@ -3,8 +3,10 @@
 Layout (``<run_dir>/checkpoints/``)::
 
     step_<N>/               N = RL steps completed; a resumed run continues at step index N
-      model.safetensors     master weights (trainer dtype, Hugging Face names)
-      state.pt              AdamW state, LR scheduler, policy version, trainer + driver RNG
+      trainer/              written by the trainer ranks themselves (torch.distributed.checkpoint):
+        .metadata, __<rank>_0.distcp   master weights ("model.*", HF names) and AdamW state
+        rank_<r>.pt         each rank's LR scheduler, policy version and RNG
+      state.pt              the driver's RNG
       tokenizer/            tokenizer files + chat template (so exports need no model source)
       meta.json             CheckpointMeta (the manifest): step, healthy, version, data cursor,
                             quant fingerprint, resolved JobSpec, decoder config, and the size and
@@ -51,7 +53,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from fp8rl.protocol import JobSpec
 from fp8rl.services.checkpoint_manifest import (
@@ -76,7 +77,8 @@ from fp8rl.services.checkpoint_verify import CheckpointCorruptError, hash_direct
 
 log = logging.getLogger(__name__)
 
-MODEL_FILE = "model.safetensors"
+TRAINER_DIR = "trainer"
+"""The ranks' ``torch.distributed.checkpoint`` directory (``TrainerWorker.save``)."""
 STATE_FILE = "state.pt"
 TOKENIZER_DIR = "tokenizer"
 TOKENIZER_PATTERNS = (
@@ -104,20 +106,24 @@ def write_checkpoint(
     *,
     step: int,
     job: JobSpec,
-    trainer_state: dict[str, Any],
+    write_trainer: Callable[[Path], list[str]],
+    policy_version: int,
     data_cursor: dict[str, Any],
     model_config: dict[str, Any],
     tokenizer_dir: Path | None,
     driver_rng: dict[str, Any] | None = None,
     healthy: bool = True,
 ) -> Path:
-    """Write ``root/step_<step>`` atomically (weights and state in one process); return its path.
+    """Write ``root/step_<step>`` atomically; return its path. The driver never holds tensors:
+    every trainer rank writes its own shards into the temporary directory (``write_trainer``).
 
     Args:
         root: the run's ``checkpoints`` directory (created when missing).
         step: RL steps completed.
         job: the resolved spec (stored, and its quant fingerprint).
-        trainer_state: ``TrainerWorker.state_dict()`` (``model`` tensors on CPU, HF names).
+        write_trainer: called with the temporary directory; every trainer rank writes its shards
+            there (``TrainerWorker.save``); returns the relative paths written.
+        policy_version: the trainer's optimizer steps.
         data_cursor: ``PromptSampler.state_dict()``.
         model_config: ``DecoderConfig.to_dict()``.
         tokenizer_dir: copied into ``tokenizer/`` (None: no tokenizer, e.g. random presets).
@@ -126,25 +132,29 @@ def write_checkpoint(
             the manifest, and ``latest`` does not move to it.
     An existing ``step_<step>`` (from an earlier attempt) is replaced only once the new one is
     complete.
+
+    Raises:
+        CheckpointError: a file a rank reported is not there.
     """
     start = time.perf_counter()
     tmp = begin_checkpoint(root, step)
-    model = {k: v.detach().cpu().contiguous() for k, v in trainer_state["model"].items()}
-    save_file(model, tmp / MODEL_FILE, metadata={"format": "pt", "fp8rl_step": str(step)})
-    _fsync_file(tmp / MODEL_FILE)
+    written = write_trainer(tmp)
+    missing = sorted(rel for rel in written if not (tmp / rel).is_file())
+    if missing:
+        raise CheckpointError(f"trainer ranks reported files that are not there: {missing[:5]}")
+    for rel in written:
+        _fsync_file(tmp / rel)
     _test_delay(step)
-    rest = {k: v for k, v in trainer_state.items() if k != "model"}
     with open(tmp / STATE_FILE, "wb") as f:
-        torch.save({"trainer": rest, "driver_rng": driver_rng or {}}, f)
+        torch.save({"driver_rng": driver_rng or {}}, f)
         _flush_and_sync(f)
-    dtypes = {str(t.dtype).removeprefix("torch.") for t in model.values() if t.is_floating_point()}
     return commit_checkpoint(
         root,
         tmp,
         step=step,
         job=job,
-        policy_version=int(trainer_state["version"]),
-        master_dtype=",".join(sorted(dtypes)),
+        policy_version=policy_version,
+        master_dtype=job.checkpoint.weights_dtype,
         data_cursor=data_cursor,
         model_config=model_config,
         tokenizer_dir=tokenizer_dir,
@@ -262,10 +272,8 @@ def checkpoint_step(path: Path | None) -> int:
     return 0 if path is None else read_meta(path).step
 
 
-def read_checkpoint(
-    path: Path, *, checksums: bool = True
-) -> tuple[CheckpointMeta, dict[str, Any], dict[str, Any]]:
-    """(meta, trainer state for ``TrainerWorker.load_state_dict``, driver RNG state).
+def read_checkpoint(path: Path, *, checksums: bool = True) -> tuple[CheckpointMeta, dict[str, Any]]:
+    """(meta, driver RNG state); the trainer ranks ``load`` their own state from ``path``.
 
     ``checksums=False`` when ``path`` was verified moments ago (sizes are still checked).
 
@@ -274,18 +282,43 @@ def read_checkpoint(
     """
     meta = verify_checkpoint(path, checksums=checksums)
     saved = _load(path / STATE_FILE, lambda f: torch.load(f, map_location="cpu", weights_only=True))
-    trainer = {"model": _load(path / MODEL_FILE, load_file), **saved["trainer"]}
-    return meta, trainer, saved.get("driver_rng", {})
+    return meta, saved.get("driver_rng", {})
 
 
 def read_model_weights(path: Path, *, checksums: bool = True) -> dict[str, torch.Tensor]:
-    """The master weights of a checkpoint (HF names, saved dtype).
+    """The master weights of a checkpoint (HF names, saved dtype), consolidated from the ranks'
+    DCP shards in this process (no process group needed).
 
     Raises:
         CheckpointCorruptError: verification fails, or the weights cannot be decoded.
     """
     verify_checkpoint(path, checksums=checksums)
-    return _load(path / MODEL_FILE, load_file)
+    return _load(path / TRAINER_DIR, _consolidate)
+
+
+def _consolidate(directory: Path) -> dict[str, torch.Tensor]:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader = dcp.FileSystemReader(directory)
+    state = {
+        key.removeprefix("model."): torch.empty(item.size, dtype=item.properties.dtype)
+        for key, item in reader.read_metadata().state_dict_metadata.items()
+        if key.startswith("model.") and isinstance(item, TensorStorageMetadata)
+    }
+    dcp.load({"model": state}, storage_reader=reader, no_dist=True)
+    return state
+
+
+def write_model_shards(directory: Path, weights: dict[str, torch.Tensor]) -> list[str]:
+    """Write ``weights`` (HF names) as a one-rank trainer checkpoint without optimizer state —
+    the ``write_trainer`` of ``write_checkpoint`` for weights that no trainer holds (tests,
+    imports). Returns the relative paths written."""
+    import torch.distributed.checkpoint as dcp
+
+    target = directory / TRAINER_DIR
+    dcp.save({"model": dict(weights)}, checkpoint_id=target, no_dist=True)
+    return [str(p.relative_to(directory)) for p in sorted(target.iterdir()) if p.is_file()]
 
 
 def remove_interrupted_saves(root: Path) -> list[Path]:
@@ -383,21 +416,17 @@ class Checkpointer:
             )
         return path
 
-    def restore(self, path: Path, trainer: Any, sampler: Any) -> int:
-        """Load weights, optimizer, scheduler, version and RNG into the trainer, the data cursor
-        into ``sampler`` and the driver's RNG; return the step to continue from.
+    def restore(self, path: Path, trainers: list[Any], sampler: Any) -> int:
+        """Every trainer rank loads its state (any rank count: DCP reshards), the data cursor goes
+        into ``sampler`` and the driver's RNG is restored; return the step to continue from.
 
         Raises:
             CheckpointCorruptError: the checkpoint fails verification (skipped when ``resolve``
                 verified it moments ago) or a file cannot be decoded.
         """
         t0 = time.perf_counter()
-        meta, trainer_state, driver_rng = read_checkpoint(
-            path, checksums=path not in self._verified
-        )
-        if not trainer_state.get("optimizer"):
-            log.warning("%s has no optimizer state (save_optimizer=false): AdamW restarts", path)
-        _call(trainer, "load_state_dict", trainer_state)
+        meta, driver_rng = read_checkpoint(path, checksums=path not in self._verified)
+        _call_all(trainers, "load", path)
         sampler.load_state_dict(meta.data_cursor)
         set_driver_rng_state(driver_rng)
         self.last_saved = meta.step
@@ -411,23 +440,23 @@ class Checkpointer:
         return meta.step
 
     def maybe_save(
-        self, step: int, trainer: Any, sampler: Any, *, healthy: bool = True
+        self, step: int, trainers: list[Any], sampler: Any, *, healthy: bool = True
     ) -> Path | None:
         """Save when ``step`` (steps completed) is a multiple of ``checkpoint.every_n_steps``."""
         every = self.spec.every_n_steps
         if every and step % every == 0:
-            return self.save(step, trainer, sampler, healthy=healthy)
+            return self.save(step, trainers, sampler, healthy=healthy)
         return None
 
     def finish(
-        self, step: int, trainer: Any, sampler: Any, *, stopped: bool, healthy: bool = True
+        self, step: int, trainers: list[Any], sampler: Any, *, stopped: bool, healthy: bool = True
     ) -> Path | None:
         """The end-of-run save (``save_final``, or a requested stop); skipped if already saved."""
         if step == self.last_saved or step == 0 or not (self.spec.save_final or stopped):
             return None
-        return self.save(step, trainer, sampler, healthy=healthy)
+        return self.save(step, trainers, sampler, healthy=healthy)
 
-    def save(self, step: int, trainer: Any, sampler: Any, *, healthy: bool = True) -> Path:
+    def save(self, step: int, trainers: list[Any], sampler: Any, *, healthy: bool = True) -> Path:
         """Write ``step_<step>`` from the trainer's current state, then prune.
 
         ``healthy``: False when ``step`` is after the run's last healthy step (the driver's
@@ -440,10 +469,20 @@ class Checkpointer:
             self.root,
             step=step,
             job=self.job,
-            trainer_state=stored_trainer_state(
-                _call(trainer, "state_dict", *(() if self.spec.save_optimizer else (False,))),
-                self.spec,
+            write_trainer=lambda tmp: sorted(
+                {
+                    f
+                    for files in _call_all(
+                        trainers,
+                        "save",
+                        tmp,
+                        self.spec.save_optimizer,
+                        self.spec.weights_dtype,
+                    )
+                    for f in files
+                }
             ),
+            policy_version=_call_all(trainers[:1], "current_version")[0],
             data_cursor=sampler.state_dict(),
             model_config=config,
             tokenizer_dir=tokenizer,
@@ -490,27 +529,14 @@ class Checkpointer:
 # helpers
 
 
-def stored_trainer_state(state: dict[str, Any], spec: Any) -> dict[str, Any]:
-    """``TrainerWorker.state_dict()`` as ``checkpoint.save_optimizer`` / ``weights_dtype`` store
-    it: without the optimizer moments, and/or with the weights cast to BF16."""
-    out = dict(state)
-    if not spec.save_optimizer:
-        out["optimizer"] = {}
-    if spec.weights_dtype == "bfloat16":
-        out["model"] = {
-            k: v.to(torch.bfloat16) if v.is_floating_point() else v
-            for k, v in state["model"].items()
-        }
-    return out
-
-
-def _call(target: Any, method: str, *args: Any) -> Any:
-    fn = getattr(target, method)
-    if hasattr(fn, "remote"):
+def _call_all(targets: list[Any], method: str, *args: Any) -> list[Any]:
+    """``method(*args)`` on every target at once (Ray actors) or in turn (plain objects)."""
+    fns = [getattr(t, method) for t in targets]
+    if fns and hasattr(fns[0], "remote"):
         import ray
 
-        return ray.get(fn.remote(*args))
-    return fn(*args)
+        return ray.get([fn.remote(*args) for fn in fns])
+    return [fn(*args) for fn in fns]
 
 
 def _load(path: Path, loader: Callable[[Path], Any]) -> Any:
@@ -593,10 +619,10 @@ __all__ = [
     "FORMAT_VERSION",
     "LATEST",
     "META",
-    "MODEL_FILE",
     "STATE_FILE",
     "TEST_DELAY_ENV",
     "TOKENIZER_DIR",
+    "TRAINER_DIR",
     "CheckpointCorruptError",
     "CheckpointError",
     "CheckpointMeta",
@@ -617,4 +643,5 @@ __all__ = [
     "verify_checkpoint",
     "warn_skipped",
     "write_checkpoint",
+    "write_model_shards",
 ]

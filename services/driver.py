@@ -29,7 +29,7 @@ from fp8rl.services.preflight import preflight
 from fp8rl.services.rollout_phase import PromptFeed, collect
 from fp8rl.services.run_dir import prepare_run_dir, run_dir_of
 from fp8rl.services.run_summary import RunResult, closing_lines
-from fp8rl.services.runtime import Workers, init_ray, running_workers, sync_weights
+from fp8rl.services.runtime import Workers, init_ray, running_workers
 from fp8rl.services.spec_warnings import spec_warnings
 from fp8rl.services.step_batch import (
     advantages,
@@ -43,6 +43,7 @@ from fp8rl.services.step_batch import (
 from fp8rl.services.step_metrics import generation_rows, step_metrics
 from fp8rl.services.stop_signal import StopOnSignal
 from fp8rl.services.tracking import Tracker
+from fp8rl.services.weights import sync_weights
 from fp8rl.workers.algorithms import mismatch_by_position, mismatch_metrics
 from fp8rl.workers.model.loading import load_tokenizer, resolve_model
 
@@ -98,10 +99,10 @@ def train_loop(s: Session, workers: Workers, result: RunResult) -> None:
     update → publish weights, one step at a time (DESIGN.md §5). Fills ``result``."""
     job, tokenizer = s.job, s.tokenizer
     calibrate_kv_cache(workers, job, s.feed)
-    sync_weights(workers, include_reference=True)  # version 0: engines hold the trainer's codes
+    sync(workers, reference=True)  # version 0: engines (and the reference) hold the trainer's codes
     if s.resume:  # trainer state, data cursor, RNG; the reference keeps the initial policy
-        s.checkpoints.restore(s.resume, workers.trainer, s.sampler)
-        sync_weights(workers)
+        s.checkpoints.restore(s.resume, workers.trainers, s.sampler)
+        sync(workers)
     if s.reporter:
         s.reporter.started(
             quant_fingerprint=job.precision.quant.fingerprint(), run_dir=str(run_dir_of(job))
@@ -120,15 +121,15 @@ def train_loop(s: Session, workers: Workers, result: RunResult) -> None:
         with timer("ref"):
             batch.ref_logp = reference_logprobs(workers, batch)
         with timer("old_logp"):
-            batch.old_logp = trainer_logprobs(workers, batch)
+            batch.old_logp = trainer_logprobs(workers, batch, job)
         with timer("values"):
             values = critic_values(workers, batch)
         mismatch = mismatch_metrics(batch.old_logp, batch.rollout_logp, batch.packed.response_mask)
         batch.advantages, returns = advantages(job, rollouts, batch, values)
         with timer("train"):
-            train_metrics = train(workers, batch, returns=returns, values=values)
+            train_metrics = train(workers, batch, job, returns=returns, values=values)
         with timer("sync"):
-            version = sync_weights(workers)
+            version = sync(workers)
         attribution = {}
         if attribution_due(job.logging.mismatch_attribution_every, step):
             with timer("attribution"):
@@ -143,7 +144,7 @@ def train_loop(s: Session, workers: Workers, result: RunResult) -> None:
         result.steps_done, result.metrics = done, metrics
         if result.reward_first is None and index == 0:
             result.reward_first = metrics.get("reward/mean")
-        s.checkpoints.maybe_save(done, workers.trainer, s.sampler, healthy=verdict.healthy)
+        s.checkpoints.maybe_save(done, workers.trainers, s.sampler, healthy=verdict.healthy)
         if s.reporter:
             s.reporter.step(done, metrics)  # completed steps: 1 after the first, as everywhere
         if done < job.steps and s.stop_requested():
@@ -152,7 +153,15 @@ def train_loop(s: Session, workers: Workers, result: RunResult) -> None:
             break
     result.stopped = stopped
     healthy = health.last_healthy_step == done  # a later checkpoint never replaces the healthy one
-    s.checkpoints.finish(done, workers.trainer, s.sampler, stopped=stopped, healthy=healthy)
+    s.checkpoints.finish(done, workers.trainers, s.sampler, stopped=stopped, healthy=healthy)
+
+
+def sync(workers: Workers, *, reference: bool = False) -> int:
+    """Weight sync trainer → engines (and the reference, at version 0); the new version."""
+    refs = workers.references if reference else None
+    return sync_weights(
+        workers.trainers, workers.rollout, reference=refs, transport=workers.transport
+    )
 
 
 def open_session(job: JobSpec, reporter: Any) -> Session | None:

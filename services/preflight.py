@@ -58,6 +58,13 @@ def unsupported(job: JobSpec) -> list[str]:
             "precision.exact: true needs fp8rl's batch-invariant kernels; rollout.backend: sglang "
             "runs SGLang's own (same FP8 codes, different kernels): set precision.exact: false"
         )
+    mini = job.trainer.mini_batch_size or job.batch_size
+    if job.trainer.num_workers > mini:
+        out.append(
+            f"trainer.num_workers: {job.trainer.num_workers} trainer ranks cannot split a "
+            f"mini-batch of {mini} sequences; use at most {mini} ranks or raise "
+            "trainer.mini_batch_size"
+        )
     for i, fn in enumerate(job.reward.functions):
         if fn.name not in BUILTIN_REWARDS and "." not in fn.name and ":" not in fn.name:
             out.append(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -141,15 +141,20 @@ def check_handshakes(reports: list[Handshake], precision: PrecisionSpec) -> list
 class Workers:
     """Actor handles of a run."""
 
-    trainer: Any
+    trainers: list[Any]
     rollout: list[Any]
     reward: Any
-    reference: Any | None = None
+    references: list[Any] = field(default_factory=list)
     critic: Any | None = None
     transport: str = "object_store"
     notes: list[str] = field(default_factory=list)
     plan: PlacementPlan | None = None
     placement: RayPlacement | None = None
+
+    @property
+    def trainer(self) -> Any:
+        """Trainer rank 0 (the one that sends weight updates)."""
+        return self.trainers[0]
 
 
 @contextmanager
@@ -186,7 +191,7 @@ def launch_workers(
     from fp8rl.workers.critic.worker import CriticWorker
     from fp8rl.workers.reference.worker import ReferenceWorker
     from fp8rl.workers.reward.worker import RewardWorker
-    from fp8rl.workers.trainer.worker import TrainerWorker
+    from fp8rl.workers.trainer.worker import TrainerWorker, needs_group
 
     device, seed = job.resources.device, job.seed
     plan = plan or plan_placement(job)
@@ -196,37 +201,39 @@ def launch_workers(
     def opts(role: str, index: int = 0) -> dict[str, Any]:
         return actor_options(plan, role, index, placement)
 
-    trainer_cls, trainer_kw = TrainerWorker, {}
     if job.trainer.backend == "megatron":  # one rank (preflight refuses more for now)
         from fp8rl.workers.trainer.megatron.trainer import MegatronTrainer
 
-        trainer_cls, trainer_kw = MegatronTrainer, {"rank": 0, "world": 1, "port": _free_port()}
-    trainer = (
-        ray.remote(trainer_cls)
-        .options(**opts("trainer"))
-        .remote(
-            job.model,
-            job.trainer,
-            job.algorithm,
-            job.precision,
-            total_steps=job.steps,
-            batch_size=job.batch_size,
-            device=device,
-            seed=seed,
-            **trainer_kw,
-        )
-    )
+        trainers = [
+            ray.remote(MegatronTrainer)
+            .options(**opts("trainer"))
+            .remote(
+                job.model,
+                job.trainer,
+                job.algorithm,
+                job.precision,
+                total_steps=job.steps,
+                batch_size=job.batch_size,
+                device=device,
+                seed=seed,
+                rank=0,
+                world=1,
+                port=_free_port(),
+            )
+        ]
+    else:
+        trainers = _trainer_ranks(job, ray.remote(TrainerWorker), opts)
     rollout = [
         _rollout_actor(job)
         .options(**opts("rollout", rank))
         .remote(job.model, job.rollout, job.precision, device=device, rank=rank, seed=seed)
         for rank in range(job.rollout.num_workers)
     ]
-    reference = None
+    references = []
     if job.reference_enabled:
-        reference = (
+        references = [
             ray.remote(ReferenceWorker)
-            .options(**opts("reference"))
+            .options(**opts("reference", index))
             .remote(
                 job.model,
                 job.precision,
@@ -234,7 +241,8 @@ def launch_workers(
                 micro_batch_size=job.trainer.micro_batch_size,
                 seed=seed,
             )
-        )
+            for index in range(job.reference.num_workers)
+        ]
     critic = None
     if job.algorithm.advantage_estimator == "gae":
         critic = (
@@ -244,19 +252,22 @@ def launch_workers(
         )
     reward = ray.remote(RewardWorker).options(num_cpus=0, max_concurrency=2).remote(job.reward)
     if started is not None:  # the caller kills what was started, even if a handshake fails below
-        started.extend(a for a in (trainer, *rollout, reference, critic, reward) if a is not None)
+        started.extend(
+            a for a in (*trainers, *rollout, *references, critic, reward) if a is not None
+        )
+    if needs_group(job.trainer):  # join the FSDP group: rank 0's address, every rank at once
+        host, port = ray.get(trainers[0].free_address.remote())
+        ray.get([t.join.remote(f"tcp://{host}:{port}") for t in trainers])
     workers = Workers(
-        trainer=trainer,
+        trainers=trainers,
         rollout=rollout,
         reward=reward,
-        reference=reference,
+        references=references,
         critic=critic,
         plan=plan,
         placement=placement,
     )
-    reports = ray.get(
-        [a.handshake.remote() for a in [trainer, *rollout, *([reference] if reference else [])]]
-    )
+    reports = ray.get([a.handshake.remote() for a in [*trainers, *rollout, *references]])
     workers.notes = check_handshakes(reports, job.precision)
     for r in reports:
         log.info(
@@ -273,17 +284,52 @@ def launch_workers(
     return workers
 
 
+def auto_transport(sender: tuple[str, str | None], engines: list[tuple[str, str | None]]) -> str:
+    """``cuda_ipc`` when every engine's ``(node id, GPU UUID)`` is the sender's, else ``nccl``.
+
+    CUDA IPC handles only open on the GPU that made them; one engine elsewhere needs NCCL.
+    """
+    same = sender[1] is not None and all(e == sender for e in engines)
+    return "cuda_ipc" if same else "nccl"
+
+
+def _trainer_ranks(job: JobSpec, actor: Any, opts: Callable[[str, int], dict]) -> list[Any]:
+    """``trainer.num_workers`` TrainerWorker actors (placed by ``opts``); sharded ones wait for
+    ``join``."""
+    n = job.trainer.num_workers
+    return [
+        actor.options(**opts("trainer", rank)).remote(
+            job.model,
+            job.trainer,
+            job.algorithm,
+            job.precision,
+            total_steps=job.steps,
+            batch_size=job.batch_size,
+            device=job.resources.device,
+            seed=job.seed,
+            rank=rank,
+            world_size=n,
+        )
+        for rank in range(n)
+    ]
+
+
 def setup_transport(workers: Workers, job: JobSpec, reports: list[Handshake]) -> str:
     """Pick and initialise the weight transport (``resources.weight_transport``); return its name.
 
-    ``auto``: the object store on CPU, CUDA IPC when every engine shares the trainer's GPU (the
-    placement plan says so), an NCCL broadcast group (trainer = rank 0) otherwise. ``nccl`` on
-    CPU uses gloo.
+    ``auto``: the object store on CPU; CUDA IPC only when every engine is on the very GPU of
+    trainer rank 0 (same node, same GPU UUID); otherwise an NCCL broadcast group (trainer rank 0
+    = group rank 0). ``nccl`` on CPU uses gloo.
     """
     name = job.resources.weight_transport
     on_gpu = any(r.device.startswith("cuda") for r in reports if r.role in ("trainer", "rollout"))
     if name == "auto":
-        name = auto_transport(workers.plan or plan_placement(job), len(workers.rollout), on_gpu)
+        name = "object_store"
+        if on_gpu:
+            sender, *engines = ray.get(
+                [a.gpu_location.remote() for a in [workers.trainer, *workers.rollout]]
+            )
+            name = auto_transport(sender, engines)
     if name == "object_store":
         return name
     if name == "cuda_ipc":
@@ -308,7 +354,7 @@ def setup_transport(workers: Workers, job: JobSpec, reports: list[Handshake]) ->
     return name
 
 
-def auto_transport(plan: PlacementPlan, num_engines: int, on_gpu: bool) -> str:
+def planned_transport(plan: PlacementPlan, num_engines: int, on_gpu: bool) -> str:
     """``resources.weight_transport: auto``: ``object_store`` on CPU, ``cuda_ipc`` when every
     engine shares trainer rank 0's GPU (IPC handles only open on the same device), else ``nccl``."""
     if not on_gpu:
@@ -331,28 +377,6 @@ def _rollout_actor(job: JobSpec) -> Any:
 
         return ray.remote(SGLangRolloutWorker)
     raise ValueError(f"rollout.backend={job.rollout.backend} is not implemented")
-
-
-def sync_weights(workers: Workers, *, include_reference: bool = False) -> int:
-    """Publish the trainer's weights and apply them on every engine (and the reference at version 0).
-
-    The payload goes through the Ray object store: the trainer returns it, the driver never
-    materialises it, each engine resolves the same object. Returns the new policy version.
-    """
-    update_ref, payload_ref = workers.trainer.publish.options(num_returns=2).remote()
-    sending = []
-    if workers.transport == "nccl":  # receivers enter the broadcast while the trainer sends
-        update_ref = ray.get(update_ref)
-        sending = [workers.trainer.broadcast.remote()]
-    applied = [w.apply_weights.remote(update_ref, payload_ref) for w in workers.rollout]
-    if include_reference and workers.reference is not None:
-        ref_update, ref_payload = workers.trainer.publish.options(num_returns=2).remote(
-            role="reference"
-        )
-        applied.append(workers.reference.apply_weights.remote(ref_update, ref_payload))
-    versions = ray.get(applied)
-    ray.get(sending)
-    return versions[0]
 
 
 def _free_port() -> int:

@@ -9,13 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 import ray
+import torch
 from torch import Tensor
 
 from fp8rl.protocol import JobSpec
 from fp8rl.services.rollout_phase import Rollouts
 from fp8rl.services.runtime import Workers
 from fp8rl.workers.algorithms import compute_advantages, kl_reward_penalty
-from fp8rl.workers.trainer.batch import TrainBatch
+from fp8rl.workers.trainer.batch import TrainBatch, TrainShard
+from fp8rl.workers.trainer.worker import shard_batch
 
 
 def new_batch(rollouts: Rollouts, job: JobSpec, *, pad_id: int) -> TrainBatch:
@@ -34,15 +36,44 @@ def new_batch(rollouts: Rollouts, job: JobSpec, *, pad_id: int) -> TrainBatch:
 
 
 def reference_logprobs(workers: Workers, batch: TrainBatch) -> Tensor | None:
-    """The frozen reference policy's logprobs [B, R] (None without a reference worker)."""
-    if workers.reference is None:
+    """The frozen reference policy's logprobs [B, R] (None without a reference worker); rows
+    are split over the ``reference.num_workers`` actors."""
+    refs = workers.references
+    if not refs:
         return None
-    return ray.get(workers.reference.logprobs.remote(batch.packed, temperature=batch.temperature))
+    parts = torch.arange(len(batch)).tensor_split(len(refs))
+    calls = [
+        r.logprobs.remote(batch.packed.select(rows), temperature=batch.temperature)
+        for r, rows in zip(refs, parts, strict=True)
+        if len(rows)
+    ]
+    width = batch.packed.response_ids.shape[1]
+    return torch.cat([_pad(x, width) for x in ray.get(calls)])
 
 
-def trainer_logprobs(workers: Workers, batch: TrainBatch) -> Tensor:
-    """The current policy's logprobs [B, R] of the batch (the trainer's forward, no update)."""
-    return ray.get(workers.trainer.logprobs.remote(batch))
+def trainer_logprobs(workers: Workers, batch: TrainBatch, job: JobSpec) -> Tensor:
+    """The current policy's logprobs [B, R] of the batch (every trainer rank scores its shard)."""
+    shards = trainer_shards(batch, job)
+    results = ray.get([t.logprobs.remote(s) for t, s in zip(workers.trainers, shards, strict=True)])
+    out = torch.zeros(batch.packed.response_ids.shape, dtype=torch.float32)
+    for shard, logp in zip(shards, results, strict=True):
+        out[shard.index, : logp.shape[1]] = logp
+    return out
+
+
+def trainer_shards(batch: TrainBatch, job: JobSpec) -> list[TrainShard]:
+    """One token-balanced shard per trainer rank, with global loss denominators."""
+    return shard_batch(
+        batch,
+        ranks=job.trainer.num_workers,
+        mini_batch_size=job.trainer.mini_batch_size or len(batch),
+        micro_batch_size=job.trainer.micro_batch_size,
+        loss_agg=job.algorithm.loss_agg,
+    )
+
+
+def _pad(x: Tensor, width: int) -> Tensor:
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]))
 
 
 def critic_values(workers: Workers, batch: TrainBatch) -> Tensor | None:
@@ -71,14 +102,16 @@ def advantages(
 
 
 def train(
-    workers: Workers, batch: TrainBatch, *, returns: Tensor, values: Tensor | None
+    workers: Workers, batch: TrainBatch, job: JobSpec, *, returns: Tensor, values: Tensor | None
 ) -> dict[str, float]:
-    """Policy update (and the critic's, for GAE) on the batch; their metrics."""
-    policy = workers.trainer.train.remote(batch)
+    """Policy update on every trainer rank's shard (and the critic's, for GAE); their metrics
+    (the trainer's are reduced across ranks; rank 0 reports them)."""
+    shards = trainer_shards(batch, job)
+    policy = [t.train.remote(s) for t, s in zip(workers.trainers, shards, strict=True)]
     critic: Any = None
     if workers.critic is not None:
         critic = workers.critic.train.remote(batch.packed, returns, values)
-    return {**ray.get(policy), **(ray.get(critic) if critic is not None else {})}
+    return {**ray.get(policy)[0], **(ray.get(critic) if critic is not None else {})}
 
 
 def calibrate_kv_cache(workers: Workers, job: JobSpec, feed: Any) -> None:
@@ -88,4 +121,5 @@ def calibrate_kv_cache(workers: Workers, job: JobSpec, feed: Any) -> None:
     from fp8rl.workers.model.scoring import pack
 
     prompts = [ids for _, ids in feed.peek(job.data.prompts_per_step)]
-    ray.get(workers.trainer.calibrate_kv.remote(pack(prompts, [[] for _ in prompts])))
+    batch = pack(prompts, [[] for _ in prompts])
+    ray.get([t.calibrate_kv.remote(batch) for t in workers.trainers])

@@ -75,3 +75,14 @@ def handshake(
         device=str(device),
         backend=backend,
     )
+
+
+def gpu_location(device: torch.device) -> tuple[str, str | None]:
+    """``(Ray node id, GPU UUID)`` of a worker (UUID None off CUDA): which physical GPU it uses,
+    for choosing CUDA IPC (same GPU only) or NCCL."""
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()
+    if device.type != "cuda":
+        return node, None
+    return node, str(torch.cuda.get_device_properties(device).uuid)

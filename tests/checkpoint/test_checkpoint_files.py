@@ -1,4 +1,8 @@
-"""Checkpoint files: atomic layout, exact round trip, latest pointer, pruning, the quant contract."""
+"""Checkpoint files: atomic layout, exact round trip, latest pointer, pruning, the quant contract.
+
+The trainer ranks' own state (AdamW, scheduler, RNG; any rank count) is tested with real ranks in
+``tests/loop/test_sharded_trainer.py``; here a one-rank weights-only writer stands in for them.
+"""
 
 from __future__ import annotations
 
@@ -18,15 +22,21 @@ from fp8rl.protocol import JobSpec, QuantConfig
 from fp8rl.services.checkpoint import (
     LATEST,
     META,
-    MODEL_FILE,
     TEST_DELAY_ENV,
+    TRAINER_DIR,
     Checkpointer,
     CheckpointError,
     find_checkpoint,
     latest_checkpoint,
     read_checkpoint,
+    read_model_weights,
+    verify_checkpoint,
     write_checkpoint,
+    write_model_shards,
 )
+
+SHARD = f"{TRAINER_DIR}/__0_0.distcp"
+"""The one rank's DCP data file."""
 
 
 def small_job(**checkpoint) -> JobSpec:
@@ -39,33 +49,39 @@ def small_job(**checkpoint) -> JobSpec:
     )
 
 
-def trainer_state(seed: int = 0, version: int = 3) -> dict:
-    """A real AdamW + LambdaLR state after two steps on a little model (what TrainerWorker saves)."""
+def weights(seed: int = 0) -> dict:
+    """Master weights of a little model (HF-style names, float32 and bfloat16)."""
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4, bias=False))
     model[1].to(torch.bfloat16)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
-    for _ in range(2):
-        model[1](model[0](torch.randn(3, 8)).to(torch.bfloat16)).float().sum().backward()
-        opt.step()
-        sched.step()
-    named = {f"model.layers.{k}": v.detach().clone() for k, v in model.state_dict().items()}
-    return {
-        "model": named,
-        "optimizer": opt.state_dict(),
-        "scheduler": sched.state_dict(),
-        "version": version,
-        "rng": {"torch": torch.get_rng_state(), "cuda": []},
-    }
+    return {f"model.layers.{k}": v.detach().clone() for k, v in model.state_dict().items()}
+
+
+class FakeTrainer:
+    """One trainer rank that saves only weights (the driver-side protocol of TrainerWorker)."""
+
+    def __init__(self, seed: int = 0, version: int = 3) -> None:
+        self.weights, self.version, self.loaded = weights(seed), version, None
+
+    def save(self, directory: Path) -> list[str]:
+        return write_model_shards(directory, self.weights)
+
+    def load(self, directory: Path) -> int:
+        self.loaded = read_model_weights(directory)
+        return self.version
+
+    def current_version(self) -> int:
+        return self.version
 
 
 def save(root: Path, step: int, job: JobSpec | None = None, **kw) -> Path:
+    trainer = kw.pop("trainer", None) or FakeTrainer(version=step * 2)
     return write_checkpoint(
         root,
         step=step,
         job=job or small_job(),
-        trainer_state=kw.pop("state", None) or trainer_state(version=step * 2),
+        write_trainer=trainer.save,
+        policy_version=trainer.version,
         data_cursor={"epoch": 0, "cursor": step * 4, "seed": 0, "shuffle": True, "num_records": 9},
         model_config={"hidden_size": 8},
         tokenizer_dir=kw.pop("tokenizer_dir", None),
@@ -74,27 +90,31 @@ def save(root: Path, step: int, job: JobSpec | None = None, **kw) -> Path:
 
 
 def test_round_trip_restores_every_tensor_and_counter_bit_for_bit(tmp_path):
-    state = trainer_state()
+    trainer = FakeTrainer(version=3)
     tok = tmp_path / "tok"
     tok.mkdir()
     (tok / "tokenizer.json").write_text("{}")
     (tok / "chat_template.jinja").write_text("{{ messages }}")
     (tok / "model.safetensors").write_text("not copied")
-    path = save(tmp_path / "checkpoints", 2, state=state, tokenizer_dir=tok)
-    meta, restored, _ = read_checkpoint(path)
+    path = save(tmp_path / "checkpoints", 2, trainer=trainer, tokenizer_dir=tok)
+    meta, _ = read_checkpoint(path)
     assert (meta.step, meta.policy_version, meta.data_cursor["cursor"]) == (2, 3, 8)
-    for name, tensor in state["model"].items():
-        assert restored["model"][name].dtype == tensor.dtype
-        assert torch.equal(restored["model"][name], tensor)
-    for pid, s in state["optimizer"]["state"].items():
-        for key, value in s.items():
-            assert torch.equal(restored["optimizer"]["state"][pid][key], value)
-    assert restored["scheduler"]["last_epoch"] == state["scheduler"]["last_epoch"] == 2
-    assert torch.equal(restored["rng"]["torch"], state["rng"]["torch"])
+    restored = read_model_weights(path)
+    for name, tensor in trainer.weights.items():
+        assert restored[name].dtype == tensor.dtype
+        assert torch.equal(restored[name], tensor)
     assert sorted(p.name for p in (path / "tokenizer").iterdir()) == [
         "chat_template.jinja",
         "tokenizer.json",
     ]
+
+
+def test_a_checkpoint_of_the_older_unsharded_format_is_refused_with_the_reason(tmp_path):
+    path = save(tmp_path / "checkpoints", 1)
+    meta = json.loads((path / META).read_text())
+    (path / META).write_text(json.dumps({**meta, "format_version": 1}))
+    with pytest.raises(CheckpointError, match=r"format-1 checkpoint .* older fp8rl"):
+        verify_checkpoint(path)
 
 
 def test_latest_points_at_the_newest_and_keep_last_prunes_older(tmp_path):
@@ -102,9 +122,8 @@ def test_latest_points_at_the_newest_and_keep_last_prunes_older(tmp_path):
     checkpointer = Checkpointer(tmp_path, job)
     checkpointer._model = ({"hidden_size": 8}, None)
     sampler = type("S", (), {"state_dict": lambda self: {"cursor": 0}})()
-    trainer = type("T", (), {"state_dict": lambda self: trainer_state()})()
     for step in (1, 2, 3):
-        checkpointer.save(step, trainer, sampler)
+        checkpointer.save(step, [FakeTrainer()], sampler)
     root = tmp_path / "checkpoints"
     assert (root / LATEST).read_text().strip() == "step_3"
     assert sorted(p.name for p in root.iterdir()) == [LATEST, "step_2", "step_3"]
@@ -113,11 +132,10 @@ def test_latest_points_at_the_newest_and_keep_last_prunes_older(tmp_path):
 
 def test_saving_a_step_again_replaces_it_and_keeps_one_directory(tmp_path):
     root = tmp_path / "checkpoints"
-    save(root, 1, state=trainer_state(seed=1))
-    save(root, 1, state=trainer_state(seed=2))
-    _, restored, _ = read_checkpoint(root / "step_1")
-    expected = trainer_state(seed=2)["model"]
-    assert all(torch.equal(restored["model"][k], v) for k, v in expected.items())
+    save(root, 1, trainer=FakeTrainer(seed=1))
+    save(root, 1, trainer=FakeTrainer(seed=2))
+    restored = read_model_weights(root / "step_1")
+    assert all(torch.equal(restored[k], v) for k, v in weights(seed=2).items())
     assert sorted(p.name for p in root.iterdir()) == [LATEST, "step_1"]
 
 
@@ -193,7 +211,7 @@ def test_kill_9_during_a_save_leaves_latest_on_the_previous_complete_checkpoint(
         deadline = time.monotonic() + 60
         partial = []
         while time.monotonic() < deadline and not partial:
-            partial = [p for p in root.glob(".tmp-step_2-*") if (p / MODEL_FILE).exists()]
+            partial = [p for p in root.glob(".tmp-step_2-*") if (p / SHARD).exists()]
             time.sleep(0.05)
         assert partial, "the save of step 2 never started"
         time.sleep(0.2)  # inside the paused save: weights written, meta not yet
@@ -204,8 +222,9 @@ def test_kill_9_during_a_save_leaves_latest_on_the_previous_complete_checkpoint(
     assert "saved 2" not in proc.stdout.read()
     assert (root / LATEST).read_text().strip() == "step_1"
     assert not (root / "step_2").exists() and not (partial[0] / META).exists()
-    meta, state, _ = read_checkpoint(latest_checkpoint(root))  # complete and loadable
-    assert meta.step == 1 and state["version"] == 2
+    meta, _ = read_checkpoint(latest_checkpoint(root))  # complete and loadable
+    assert meta.step == 1 and meta.policy_version == 2
+    assert read_model_weights(root / "step_1").keys() == weights().keys()
     Checkpointer(tmp_path, small_job())  # the next start removes the half-written save
     assert sorted(p.name for p in root.iterdir()) == [LATEST, "step_1"]
 
@@ -216,5 +235,5 @@ def test_meta_records_spec_fingerprint_and_file_records(tmp_path):
     meta = json.loads((path / META).read_text())
     assert meta["quant_fingerprint"] == job.precision.quant.fingerprint()
     assert JobSpec.model_validate(meta["job"]) == job
-    assert meta["files"][MODEL_FILE]["size"] == (path / MODEL_FILE).stat().st_size
+    assert meta["files"][SHARD]["size"] == (path / SHARD).stat().st_size
     assert meta["healthy"] is True

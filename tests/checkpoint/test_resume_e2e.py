@@ -20,10 +20,16 @@ import pytest
 import ray
 import torch
 import yaml
-from safetensors.torch import load_file
 
 from fp8rl.protocol import load_job_spec
-from fp8rl.services.checkpoint import LATEST, META, MODEL_FILE, TEST_DELAY_ENV, read_checkpoint
+from fp8rl.services.checkpoint import (
+    LATEST,
+    META,
+    TEST_DELAY_ENV,
+    TRAINER_DIR,
+    read_checkpoint,
+    read_model_weights,
+)
 from fp8rl.services.driver import run
 
 SPEC = {
@@ -82,18 +88,20 @@ def kill_session(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2])
 def test_run_killed_mid_save_resumes_with_the_metrics_of_an_uninterrupted_run(
-    tmp_path, ray_address
+    tmp_path, ray_address, ranks
 ):
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({**SPEC, "output_dir": str(tmp_path / "runs")}))
 
     torch.manual_seed(3)
-    run(load_job_spec(spec, ["name=straight"]))  # the uninterrupted reference
+    sharding = f"trainer.num_workers={ranks}"  # ranks write their own DCP shards
+    run(load_job_spec(spec, ["name=straight", sharding]))  # the uninterrupted reference
     straight = tmp_path / "runs" / "straight"
 
     crashy = tmp_path / "runs" / "crashy"
-    command = [sys.executable, "-m", "fp8rl.services.driver", str(spec), "name=crashy"]
+    command = [sys.executable, "-m", "fp8rl.services.driver", str(spec), "name=crashy", sharding]
     proc = subprocess.Popen(
         [*command, f"resources.ray_address={ray_address}"],
         env={**os.environ, TEST_DELAY_ENV: "2:120"},  # the save of step_2 pauses mid-write
@@ -104,7 +112,7 @@ def test_run_killed_mid_save_resumes_with_the_metrics_of_an_uninterrupted_run(
     try:
         deadline, partial = time.monotonic() + 240, []
         while not partial and proc.poll() is None and time.monotonic() < deadline:
-            partial = list((crashy / "checkpoints").glob(f".tmp-step_2-*/{MODEL_FILE}"))
+            partial = list((crashy / "checkpoints").glob(f".tmp-step_2-*/{TRAINER_DIR}/.metadata"))
             time.sleep(0.1)
         assert partial, f"the save of step_2 never started (driver exit code {proc.poll()})"
     finally:
@@ -112,11 +120,11 @@ def test_run_killed_mid_save_resumes_with_the_metrics_of_an_uninterrupted_run(
 
     root = crashy / "checkpoints"
     assert (root / LATEST).read_text().strip() == "step_1"
-    assert not (partial[0].parent / META).exists() and not (root / "step_2").exists()
-    meta, _, _ = read_checkpoint(root / "step_1")
+    assert not (partial[0].parent.parent / META).exists() and not (root / "step_2").exists()
+    meta, _ = read_checkpoint(root / "step_1")
     assert meta.step == 1 and meta.policy_version == 2  # 2 mini-batches per step
 
-    run(load_job_spec(spec, ["name=crashy"]))  # resume: auto
+    run(load_job_spec(spec, ["name=crashy", sharding]))  # resume: auto
 
     expected, got = metrics_by_step(straight), metrics_by_step(crashy)
     assert sorted(got) == [1, 2, 3]  # steps are numbered from 1
@@ -124,7 +132,7 @@ def test_run_killed_mid_save_resumes_with_the_metrics_of_an_uninterrupted_run(
         assert got[step] == expected[step], f"step {step} differs after resume"
     assert expected[3]["actor/kl"] > 0 and expected[3]["actor/grad_norm"] > 0  # not a no-op
     final = {
-        name: load_file(d / "checkpoints" / "step_3" / MODEL_FILE)
+        name: read_model_weights(d / "checkpoints" / "step_3")
         for name, d in (("straight", straight), ("crashy", crashy))
     }
     assert all(torch.equal(final["straight"][k], final["crashy"][k]) for k in final["straight"])

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from fp8rl.protocol import JobSpec
-from fp8rl.services.checkpoint import write_checkpoint
+from fp8rl.services.checkpoint import write_checkpoint, write_model_shards
 from fp8rl.services.export import export_checkpoint
 from fp8rl.workers.model.build import build_decoder, layer_precision
 from fp8rl.workers.model.fp8_checkpoint import (
@@ -59,13 +59,8 @@ def smollm2(tmp_path_factory):
         run_dir / "checkpoints",
         step=5,
         job=job,
-        trainer_state={
-            "model": weights,
-            "optimizer": {},
-            "scheduler": {},
-            "version": 10,
-            "rng": {"torch": torch.get_rng_state(), "cuda": []},
-        },
+        write_trainer=lambda d: write_model_shards(d, weights),
+        policy_version=10,
         data_cursor={},
         model_config=source.config.to_dict(),
         tokenizer_dir=source.tokenizer_dir,

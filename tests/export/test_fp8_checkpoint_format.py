@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from fp8rl.kernels import per_block_quant
 from fp8rl.protocol import JobSpec, QuantConfig
-from fp8rl.services.checkpoint import write_checkpoint
+from fp8rl.services.checkpoint import write_checkpoint, write_model_shards
 from fp8rl.services.cli import app
 from fp8rl.services.export import export_checkpoint, write_safetensors
 from fp8rl.workers.model.build import build_decoder, layer_precision
@@ -106,13 +106,8 @@ def tiny_run(tmp_path_factory):
             run_dir / "checkpoints",
             step=step,
             job=job,
-            trainer_state={
-                "model": weights,
-                "optimizer": {},
-                "scheduler": {},
-                "version": step,
-                "rng": {"torch": torch.get_rng_state(), "cuda": []},
-            },
+            write_trainer=lambda d: write_model_shards(d, weights),
+            policy_version=step,
             data_cursor={},
             model_config=PRESETS["tiny-llama"].to_dict(),
             tokenizer_dir=None,
@@ -201,13 +196,8 @@ def test_fp8_kv_cache_scales_travel_in_hf_fp8_and_are_dropped_from_hf_bf16(tmp_p
         tmp_path / "checkpoints",
         step=1,
         job=job,
-        trainer_state={
-            "model": weights,
-            "optimizer": {},
-            "scheduler": {},
-            "version": 1,
-            "rng": {"torch": torch.get_rng_state(), "cuda": []},
-        },
+        write_trainer=lambda d: write_model_shards(d, weights),
+        policy_version=1,
         data_cursor={},
         model_config=PRESETS["tiny-llama"].to_dict(),
         tokenizer_dir=None,

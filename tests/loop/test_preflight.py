@@ -31,6 +31,16 @@ def test_megatron_with_several_ranks_or_an_fp8_kv_cache_is_refused_naming_each_f
     ]
 
 
+def test_more_trainer_ranks_than_mini_batch_sequences_are_refused():
+    problems = _problems(
+        "trainer.num_workers=4",
+        "trainer.micro_batch_size=1",
+        "trainer.mini_batch_size=2",
+        local=False,
+    )
+    assert problems[0].startswith("trainer.num_workers: 4 trainer ranks cannot split")
+
+
 def test_sglang_backend_refuses_exact_mode_and_a_missing_sglang(monkeypatch):
     monkeypatch.delenv("FP8RL_SGLANG_ENGINE", raising=False)
     (problem,) = _problems("rollout.backend=sglang", "precision.exact=true", local=False)

@@ -66,13 +66,13 @@ def test_applying_identical_weights_twice_gives_bit_identical_logits(pair):
 
 
 def _refused(engine, update, handle):
-    before, version = engine.logits(PROBE), engine.version
+    before, version = engine.logits(PROBE), engine.current_version()
     with pytest.raises(WeightUpdateRefused) as info:
         engine.apply_weights(update, handle)
     assert torch.equal(before, engine.logits(PROBE)), (
         "a refused update changed the engine's outputs"
     )
-    assert engine.version == version
+    assert engine.current_version() == version
     return "\n".join(info.value.problems)
 
 
@@ -130,8 +130,8 @@ def test_bad_checksum_is_refused_naming_the_tensor(pair):
 
 def test_non_increasing_version_is_refused(pair):
     engine, update, handle = _fresh(pair)
-    stale = update.model_copy(update={"version": engine.version})
-    assert f"version {engine.version} is not newer" in _refused(engine, stale, handle)
+    stale = update.model_copy(update={"version": engine.current_version()})
+    assert f"version {engine.current_version()} is not newer" in _refused(engine, stale, handle)
 
 
 def test_zero_scale_is_refused(pair):

@@ -13,7 +13,7 @@ from fp8rl.services.cli import app
 from fp8rl.services.memory_estimate import GIB, model_shape, param_counts, trainer_memory
 from fp8rl.services.placement import actor_options, bundle_order, plan_placement
 from fp8rl.services.plan_advice import advise
-from fp8rl.services.runtime import auto_transport
+from fp8rl.services.runtime import planned_transport as auto_transport
 from fp8rl.workers.model.config import PRESETS
 
 HERE = Path(__file__).parent

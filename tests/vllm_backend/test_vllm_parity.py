@@ -53,7 +53,7 @@ def _deltas(trainer, result, temperature: float) -> tuple[float, float]:
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
 def test_sampled_token_logprobs_equal_the_trainer_forward(unified, temperature):
     _, trainer, engine = unified
-    sync_version = engine.version
+    sync_version = engine.current_version()
     result = engine.generate(_request(temperature))
     assert result.policy_version == sync_version and result.backend == "vllm"
     to_exact, to_fp32 = _deltas(trainer, result, temperature)
@@ -76,7 +76,7 @@ def test_results_carry_version_fingerprint_and_one_logprob_per_token(unified):
     assert [s.sample_index for s in result.samples] == [0, 1, 0, 1]
     for s in result.samples:
         assert s.quant_fingerprint == job.precision.quant.fingerprint()
-        assert len(s.logprobs) == len(s.token_ids) and s.policy_version == engine.version
+        assert len(s.logprobs) == len(s.token_ids) and s.policy_version == engine.current_version()
 
 
 def test_a_response_cut_at_max_tokens_keeps_its_last_token_and_says_length(unified):

@@ -169,11 +169,15 @@ def test_a_refused_update_leaves_weights_outputs_and_version_unchanged(
     from fp8rl.workers.weight_sync.object_store import ObjectStoreTransport
 
     _, _, engine = unified
-    version, sums, scored = engine.version, engine.weight_checksums(), engine.score(*PROBE)
+    version, sums, scored = (
+        engine.current_version(),
+        engine.weight_checksums(),
+        engine.score(*PROBE),
+    )
     update, payload = _corrupt(*good_update, how)
     with pytest.raises(WeightUpdateRefused, match=reason):
         engine.apply_weights(update, ObjectStoreTransport().send(payload))
-    assert engine.version == version
+    assert engine.current_version() == version
     assert engine.weight_checksums() == sums
     assert engine.score(*PROBE) == scored
 

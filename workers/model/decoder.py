@@ -31,9 +31,14 @@ from fp8rl.kernels.invariant import (
     rms_norm,
     rope_table,
     silu_mul,
-    token_logprobs,
 )
-from fp8rl.kernels.kv import check_kv_scale, kv_dequantize, kv_quantize, kv_scale_from_amax
+from fp8rl.kernels.kv import (
+    check_kv_scale,
+    kv_dequantize,
+    kv_quantize,
+    kv_round_trip,
+    kv_scale_from_amax,
+)
 from fp8rl.kernels.quant import QuantizedTensor
 from fp8rl.workers.model.config import DecoderConfig
 from fp8rl.workers.model.fusion import fuse_quantized_linears, still_fused
@@ -169,23 +174,28 @@ class Attention(nn.Module):
         q = apply_rope(q.transpose(1, 2), cos, sin)
         k = apply_rope(k.transpose(1, 2), cos, sin)
         v = v.transpose(1, 2)
-        if self.kv_fp8:
-            k, v = self._kv_codes(k, v)
-        if cache is not None:
+        if self.kv_fp8 and cache is None:  # the cache's round trip, gradients straight through
+            self._check_and_observe(k, v)
+            k = kv_round_trip(k, self.k_scale, q.dtype)
+            v = kv_round_trip(v, self.v_scale, q.dtype)
+        elif cache is not None:
+            if self.kv_fp8:
+                self._check_and_observe(k, v)
+                k, v = kv_quantize(k, self.k_scale), kv_quantize(v, self.v_scale)
             k_cache, v_cache = cache
             index = positions[:, None, :, None].expand(-1, self.kv_heads, -1, self.head_dim)
             _scatter(k_cache, index, k)
             _scatter(v_cache, index, v)
             k, v = k_cache, v_cache
-        if self.kv_fp8:
-            k = kv_dequantize(k, self.k_scale, q.dtype)
-            v = kv_dequantize(v, self.v_scale, q.dtype)
+            if self.kv_fp8:
+                k = kv_dequantize(k, self.k_scale, q.dtype)
+                v = kv_dequantize(v, self.v_scale, q.dtype)
         mask = attention_mask(positions, k_len, k.shape[2])
         out = attention(q, k, v, mask, scale=self.head_dim**-0.5, exact=self.exact)
         return self.o_proj(out.transpose(1, 2).reshape(b, length, self.heads * self.head_dim))
 
-    def _kv_codes(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """FP8 codes of k and v with the calibrated scales (observing amax when calibrating)."""
+    def _check_and_observe(self, k: Tensor, v: Tensor) -> None:
+        """Refuse uncalibrated scales; record k/v amax while calibrating (``observe_kv``)."""
         if self.observe_kv:
             with torch.no_grad():
                 seen = torch.stack(
@@ -195,7 +205,6 @@ class Attention(nn.Module):
         if not capturing():
             check_kv_scale(self.k_scale, "k_scale")
             check_kv_scale(self.v_scale, "v_scale")
-        return kv_quantize(k, self.k_scale), kv_quantize(v, self.v_scale)
 
     def recalibrate_kv(self) -> None:
         """Set k/v scales from the amax observed since the last call (trainer only)."""
@@ -419,11 +428,54 @@ class Decoder(nn.Module):
             return dense_linear(hidden, self.model.embed_tokens.weight, exact=self.precision.exact)
         return self.lm_head(hidden)
 
+    def score_responses(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        lengths: Tensor,
+        prompt_lengths: Tensor,
+        response_ids: Tensor,
+        *,
+        temperature: float,
+        with_entropy: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Logprobs (and entropy) [B, R] float32 of right-padded response tokens, in one call.
+
+        The whole policy pass (decoder, response gather, chunked lm_head + log-softmax) runs
+        inside this method, so a sharded trainer registers it as an FSDP forward method and the
+        root's parameters (embeddings, final norm, lm_head) are gathered once around it.
+
+        Args:
+            input_ids, positions: [B, L] int64 prompt+response (``PackedBatch``).
+            lengths, prompt_lengths: [B] int64. response_ids: [B, R] int64.
+            temperature: sampling temperature. with_entropy: also return the entropy.
+        Returns:
+            (logp [B, R], entropy [B, R] or None), unmasked (callers mask padding).
+        """
+        from fp8rl.workers.model.logprob import chunked_logprobs
+
+        hidden = self.forward(input_ids, positions, lengths)
+        r = response_ids.shape[1]
+        idx = prompt_lengths[:, None] - 1 + torch.arange(r, device=hidden.device)[None]
+        idx = idx.clamp(max=hidden.shape[1] - 1)
+        hidden = hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1]))
+        return chunked_logprobs(
+            self.logits,
+            hidden,
+            response_ids,
+            temperature=temperature,
+            exact=self.precision.exact,
+            with_entropy=with_entropy,
+        )
+
     def token_logprobs(self, hidden: Tensor, tokens: Tensor, *, temperature: float) -> Tensor:
         """log p(tokens) [...] (float32) under softmax(logits/temperature), from hidden [..., H].
 
         The rollout engine and the trainer both score tokens through this method.
         """
-        return token_logprobs(
-            self.logits(hidden), tokens, temperature=temperature, exact=self.precision.exact
+        from fp8rl.workers.model.logprob import chunked_logprobs
+
+        logp, _ = chunked_logprobs(
+            self.logits, hidden, tokens, temperature=temperature, exact=self.precision.exact
         )
+        return logp

@@ -42,6 +42,12 @@ class RolloutBackend(ABC):
     def current_version(self) -> int:
         """Policy version of the weights held (0 before the first update)."""
 
+    def gpu_location(self) -> tuple[str, str | None]:
+        """``(Ray node id, GPU UUID or None)`` of the engine's device (transport choice)."""
+        from fp8rl.workers.common import gpu_location
+
+        return gpu_location(self.device)
+
     def release_memory(self) -> None:
         """Free the KV cache (and, where the backend can, weights) while the trainer runs on a
         shared GPU. Default: nothing to release."""

@@ -56,6 +56,7 @@ from fp8rl.workers.model.build import cast_dense, layer_precision
 from fp8rl.workers.model.config import DecoderConfig
 from fp8rl.workers.model.linear import LayerPrecision
 from fp8rl.workers.model.loading import resolve_model
+from fp8rl.workers.rollout.backend import RolloutBackend
 from fp8rl.workers.rollout.sampling import sequence_seed
 from fp8rl.workers.weight_sync.layout import SlotSpec, engine_slots, engine_tensor
 from fp8rl.workers.weight_sync.receiver import WeightReceiver
@@ -101,7 +102,7 @@ def prompt_seed(seed: int | None, request_seed: int | None, index: int) -> int |
     return None if request_seed is None else sequence_seed(request_seed, index)
 
 
-class VLLMRolloutWorker:
+class VLLMRolloutWorker(RolloutBackend):
     """Rollout actor on vLLM's offline ``LLM`` (same interface as ``RolloutWorker``).
 
     Args:
@@ -241,8 +242,7 @@ class VLLMRolloutWorker:
 
     # -- the RolloutWorker interface --------------------------------------------------------
 
-    @property
-    def version(self) -> int:
+    def current_version(self) -> int:
         """Policy version of the weights held (0 until the first update)."""
         return self.receiver.version or 0
 
@@ -312,14 +312,14 @@ class VLLMRolloutWorker:
                         token_ids=tokens,
                         logprobs=logprobs,
                         finish_reason="stop" if tokens and tokens[-1] in stop else "length",
-                        policy_version=self.version,
+                        policy_version=self.current_version(),
                         quant_fingerprint=self.fingerprint,
                     )
                 )
         return RolloutResult(
             request_id=request.request_id,
             samples=samples,
-            policy_version=self.version,
+            policy_version=self.current_version(),
             quant_fingerprint=self.fingerprint,
             backend="vllm",
             generation_s=time.perf_counter() - start,

@@ -26,11 +26,12 @@ from fp8rl.protocol import (
 )
 from fp8rl.workers.common import handshake, load_model, pick_device
 from fp8rl.workers.model.build import layer_precision
+from fp8rl.workers.rollout.backend import RolloutBackend
 from fp8rl.workers.rollout.engine import NativeEngine
 from fp8rl.workers.weight_sync.receiver import WeightReceiver
 
 
-class RolloutWorker:
+class RolloutWorker(RolloutBackend):
     """Native rollout engine actor.
 
     Args:
@@ -68,8 +69,7 @@ class RolloutWorker:
         self.fingerprint = precision.quant.fingerprint() if self.layer_precision.fp8 else None
         self.receiver = WeightReceiver(self.layer_precision, self.fingerprint)
 
-    @property
-    def version(self) -> int:
+    def current_version(self) -> int:
         """Policy version of the weights held (0 until the first update)."""
         return self.receiver.version or 0
 
@@ -92,7 +92,7 @@ class RolloutWorker:
                 token_ids=g.token_ids,
                 logprobs=g.logprobs,
                 finish_reason=g.finish_reason,
-                policy_version=self.version,
+                policy_version=self.current_version(),
                 quant_fingerprint=self.fingerprint,
             )
             for p, group in zip(request.prompts, groups, strict=True)
@@ -101,7 +101,7 @@ class RolloutWorker:
         return RolloutResult(
             request_id=request.request_id,
             samples=samples,
-            policy_version=self.version,
+            policy_version=self.current_version(),
             quant_fingerprint=self.fingerprint,
             backend="native",
             generation_s=time.perf_counter() - start,

@@ -3,19 +3,28 @@
 Owns the master weights (FP32 or BF16) and AdamW state. In ``unified_fp8`` its linear layers are
 FP8Linear: the forward quantizes activations 1×128 and uses the 128×128 weight quantization
 cached once per optimizer step — the same codes ``publish`` ships to the engines.
+
+With ``trainer.num_workers = N > 1`` the N actors form one torch.distributed group and shard the
+model with FSDP2 (``sharding.py``): each rank trains on its ``TrainShard`` of the batch (the driver
+balances tokens and passes global loss denominators), metrics are reduced across ranks, K/V amax
+is all-reduced with MAX, ``publish`` gathers each weight then quantizes it exactly like an
+unsharded trainer, and ``save``/``load`` write and read rank shards with
+``torch.distributed.checkpoint`` (any rank count on resume).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
-from fp8rl.kernels.invariant import token_logprobs
 from fp8rl.protocol import (
     AlgorithmSpec,
     Handshake,
@@ -24,18 +33,26 @@ from fp8rl.protocol import (
     TrainerSpec,
     WeightUpdate,
 )
-from fp8rl.workers.algorithms import entropy_from_logits, loss_denominator, rl_objective
+from fp8rl.workers.algorithms import rl_objective
 from fp8rl.workers.common import handshake, load_model, pick_device
-from fp8rl.workers.model.build import DTYPES, layer_precision
-from fp8rl.workers.model.scoring import PackedBatch, response_hidden
-from fp8rl.workers.trainer.batch import TrainBatch
+from fp8rl.workers.model.build import DTYPES, cast_dense, layer_precision
+from fp8rl.workers.model.decoder import Decoder
+from fp8rl.workers.model.loading import resolve_model
+from fp8rl.workers.model.scoring import PackedBatch
+from fp8rl.workers.trainer import sharding
+from fp8rl.workers.trainer.backend import TrainerBackend
+from fp8rl.workers.trainer.batch import TrainBatch, TrainShard, plan_shards
 from fp8rl.workers.trainer.schedule import lr_factor
-from fp8rl.workers.weight_sync.transport import make_transport
-from fp8rl.workers.weight_sync.update import build_update
+from fp8rl.workers.weight_sync.publisher import WeightPublisher
+
+DCP_DIR = "trainer"
+"""Sub-directory of a checkpoint holding the ``torch.distributed.checkpoint`` shards."""
+
+log = logging.getLogger(__name__)
 
 
-class TrainerWorker:
-    """Policy trainer. Gets its own sub-specs only.
+class TrainerWorker(TrainerBackend):
+    """Policy trainer rank. Gets its own sub-specs only.
 
     Args:
         model, trainer, algorithm, precision: sub-specs of the JobSpec.
@@ -43,6 +60,9 @@ class TrainerWorker:
         batch_size: sequences per rollout batch (prompts_per_step × n).
         device: ``auto`` | ``cpu`` | ``cuda``.
         seed: initialisation/dropout seed.
+        rank, world_size: this rank and the number of ranks.
+        init_method: ``tcp://host:port`` of the trainer group; given → FSDP2-sharded (also at
+            world_size 1). None when ``needs_group(trainer)``: call ``join`` before anything else.
     """
 
     def __init__(
@@ -57,40 +77,58 @@ class TrainerWorker:
         device: str = "auto",
         seed: int = 0,
         rank: int = 0,
+        world_size: int = 1,
+        init_method: str | None = None,
     ) -> None:
         if trainer.backend != "native":
             raise ValueError(
                 f"TrainerWorker is the native backend; got trainer.backend={trainer.backend}"
             )
         self.spec, self.algorithm, self.precision, self.rank = trainer, algorithm, precision, rank
+        self.model_spec, self.world_size, self.seed = model, world_size, seed
         self.device = pick_device(device)
-        torch.manual_seed(seed)
-        self.model, source = load_model(
-            model,
-            precision,
-            role="trainer",
-            trainable=True,
-            param_dtype=DTYPES[trainer.master_dtype],
-            device=self.device,
-            seed=seed,
-        )
-        self.source = dataclasses.replace(source, state_dict=None)  # the model holds the weights
+        self.total_steps, self.batch_size = total_steps, batch_size
+        self.publisher = WeightPublisher(rank=rank)
+        self.version = 0
+        self.sharded = False
+        if init_method is not None or not needs_group(trainer):
+            self.join(init_method)
+
+    def join(self, init_method: str | None) -> None:
+        """Build the model and optimizer; with ``init_method``, join the trainer group and shard."""
+        model, trainer, precision = self.model_spec, self.spec, self.precision
+        torch.manual_seed(self.seed)
+        if init_method is None:
+            self.model, self.source = load_model(
+                model,
+                precision,
+                role="trainer",
+                trainable=True,
+                param_dtype=DTYPES[trainer.master_dtype],
+                device=self.device,
+                seed=self.seed,
+            )
+        else:
+            self.model, self.source = self._sharded_model(init_method)
+        # The model holds the weights: no second copy of the source's (memory of small machines).
+        self.source = dataclasses.replace(self.source, state_dict=None)
         self.model.gradient_checkpointing = trainer.gradient_checkpointing
         self.layer_precision = layer_precision(model, precision, role="trainer", trainable=True)
         self.receivers = {
             role: layer_precision(model, precision, role=role, trainable=False)
             for role in ("rollout", "reference")
         }
-        self.optimizer = torch.optim.AdamW(
+        adam = sharding.HostAdamW if trainer.offload == "optimizer" else torch.optim.AdamW
+        self.optimizer = adam(
             self.model.parameters(),
             lr=trainer.lr,
             betas=trainer.betas,
             eps=trainer.eps,
             weight_decay=trainer.weight_decay,
         )
-        mini = trainer.mini_batch_size or batch_size
-        updates_per_step = trainer.epochs_per_step * math.ceil(batch_size / mini)
-        total = total_steps * updates_per_step
+        mini = trainer.mini_batch_size or self.batch_size
+        updates_per_step = trainer.epochs_per_step * math.ceil(self.batch_size / mini)
+        total = self.total_steps * updates_per_step
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lambda s: lr_factor(
@@ -101,11 +139,41 @@ class TrainerWorker:
                 min_ratio=trainer.min_lr_ratio,
             ),
         )
-        self.version = 0
-        self.transports = {"object_store": make_transport("object_store")}
-        self.transport = (
-            "object_store"  # the one engines use (reference syncs go through the object store)
+
+    def _sharded_model(self, init_method: str) -> tuple[Decoder, Any]:
+        """Join the group, build the decoder on ``meta``, shard it, load this rank's shards."""
+        spec, trainer = self.model_spec, self.spec
+        mesh = sharding.init_group(
+            init_method, rank=self.rank, world_size=self.world_size, device=self.device
         )
+        self.sharded = True
+        source = resolve_model(spec.path)
+        full = source.state_dict
+        if full is None:  # a random preset: the seeded init of an unsharded trainer, same bits
+            unsharded = load_model(
+                spec,
+                self.precision,
+                role="trainer",
+                trainable=True,
+                param_dtype=DTYPES[trainer.master_dtype],
+                device=self.device,  # the unsharded trainer's init device: the same numbers
+                seed=self.seed,
+                source=source,
+            )[0]
+            full = {k: v.detach() for k, v in unsharded.named_parameters()}
+        lp = layer_precision(spec, self.precision, role="trainer", trainable=True)
+        with torch.device("meta"):
+            model = Decoder(source.config, lp, max_positions=spec.max_model_len)
+        cast_dense(model, DTYPES[trainer.master_dtype])
+        sharding.shard_decoder(model, mesh, offload=trainer.offload)
+        on_host = trainer.offload == "params_and_optimizer"
+        model.to_empty(device="cpu" if on_host else self.device)
+        sharding.reset_buffers(model, self.device)
+        sharding.load_full_weights(model, full)
+        del full
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return model, source
 
     def handshake(self) -> Handshake:
         """Quant contract report for the driver."""
@@ -114,25 +182,28 @@ class TrainerWorker:
         )
 
     @torch.no_grad()
-    def logprobs(self, batch: TrainBatch) -> Tensor:
-        """Current-policy logprobs [B, R] (float32, CPU) of the batch's response tokens.
+    def logprobs(self, batch: TrainBatch | TrainShard) -> Tensor:
+        """Current-policy logprobs [B, R] (float32, CPU) of this rank's response tokens.
 
         With an FP8 KV cache this scoring pass also measures K/V amax for the next scales.
         """
+        shard = self._shard(batch)
         self.model.eval()
+        width = shard.batch.packed.response_ids.shape[1]
         out = []
         with self._observing_kv():
-            for start in range(0, len(batch), self.spec.micro_batch_size):
-                micro = batch.select(slice(start, start + self.spec.micro_batch_size)).to(
-                    self.device
-                )
+            for _, micro in shard.micro_batches(self.spec.micro_batch_size):
                 logp, _ = self._score(micro, with_entropy=False)
-                out.append(_pad_to(logp.cpu(), batch.packed.response_ids.shape[1]))
-        return torch.cat(out)
+                if micro is not None:
+                    out.append(_pad_to(logp.cpu(), width))
+        return torch.cat(out) if out else torch.zeros(0, width)
 
     @torch.no_grad()
     def calibrate_kv(self, batch: PackedBatch) -> None:
-        """Initial FP8 KV scales from a forward over ``batch`` (a no-op without an FP8 KV cache)."""
+        """Initial FP8 KV scales from a forward over ``batch`` (a no-op without an FP8 KV cache).
+
+        Every rank scores the same prompts; amax is all-reduced with MAX before the scales are set.
+        """
         attns = self._kv_modules()
         if not attns:
             return
@@ -141,11 +212,20 @@ class TrainerWorker:
             attn.v_scale.fill_(1.0)
         with self._observing_kv():
             for start in range(0, batch.input_ids.shape[0], self.spec.micro_batch_size):
-                micro = batch.select(slice(start, start + self.spec.micro_batch_size)).to(
-                    self.device
+                micro = batch.select(slice(start, start + self.spec.micro_batch_size))
+                self.model.score_responses(
+                    *_score_args(micro.to(self.device)), temperature=1.0, with_entropy=False
                 )
-                self.model(micro.input_ids, micro.positions, micro.lengths)
-        for attn in attns:
+        self._recalibrate_kv()
+
+    def _recalibrate_kv(self) -> None:
+        """Set KV scales from the amax every rank observed (all-reduced with MAX)."""
+        attns = self._kv_modules()
+        if not attns:
+            return
+        amax = sharding.all_reduce(torch.stack([a.kv_amax for a in attns]), "max")
+        for attn, seen in zip(attns, amax, strict=True):
+            attn.kv_amax.copy_(seen)
             attn.recalibrate_kv()
 
     def _kv_modules(self) -> list[Any]:
@@ -162,39 +242,65 @@ class TrainerWorker:
             for attn in attns:
                 attn.observe_kv = False
 
-    def train(self, batch: TrainBatch) -> dict[str, float]:
-        """PPO epochs × mini-batches over ``batch``; one optimizer step per mini-batch.
+    def train(self, batch: TrainBatch | TrainShard) -> dict[str, float]:
+        """PPO epochs × mini-batches over this rank's shard; one optimizer step per mini-batch.
+
+        Returns metrics reduced across ranks (the values an unsharded trainer reports, up to
+        float summation order).
 
         Raises:
             ValueError: the batch was generated by a policy version the spec does not accept.
         """
-        lag = self.version - batch.policy_version
+        shard = self._shard(batch)
+        lag = self.version - shard.batch.policy_version
         if lag < 0 or lag > self.algorithm.max_off_policy_steps:
             raise ValueError(
-                f"rollout batch from policy version {batch.policy_version}, trainer is at {self.version}; "
-                f"algorithm.max_off_policy_steps={self.algorithm.max_off_policy_steps} allows a lag of "
+                f"rollout batch from policy version {shard.batch.policy_version}, trainer is at "
+                f"{self.version}; algorithm.max_off_policy_steps="
+                f"{self.algorithm.max_off_policy_steps} allows a lag of "
                 f"0..{self.algorithm.max_off_policy_steps}"
             )
         self.model.train()
-        mini = self.spec.mini_batch_size or len(batch)
         sums: dict[str, float] = {}
         count = 0
         for _ in range(self.spec.epochs_per_step):
-            for start in range(0, len(batch), mini):
-                metrics = self._update(batch.select(slice(start, start + mini)))
+            micros = list(shard.micro_batches(self.spec.micro_batch_size))
+            for m, mini in enumerate(shard.minis):
+                metrics = self._update([u for k, u in micros if k == m], mini.denominator)
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + v
                 count += 1
         return {k: v / count for k, v in sums.items()}
 
-    def _update(self, mini: TrainBatch) -> dict[str, float]:
-        """One optimizer step over a mini-batch, accumulating micro-batch gradients."""
+    def _shard(self, batch: TrainBatch | TrainShard) -> TrainShard:
+        """A whole batch as the one shard of an unsharded trainer (tests, one-rank runs)."""
+        if isinstance(batch, TrainShard):
+            return batch
+        return shard_batch(
+            batch,
+            ranks=1,
+            mini_batch_size=self.spec.mini_batch_size or len(batch),
+            micro_batch_size=self.spec.micro_batch_size,
+            loss_agg=self.algorithm.loss_agg,
+        )[0]
+
+    def _update(self, micros: list[TrainBatch | None], denominator: float) -> dict[str, float]:
+        """One optimizer step over a mini-batch, accumulating micro-batch gradients.
+
+        ``None`` micro-batches (this rank has fewer rows than another) run a zero-weight forward
+        and backward so FSDP's collectives stay paired across ranks.
+        """
         self.optimizer.zero_grad(set_to_none=True)
-        denominator = loss_denominator(mini.packed.response_mask, mode=self.algorithm.loss_agg)
         sums: dict[str, float] = {}
-        for start in range(0, len(mini), self.spec.micro_batch_size):
-            micro = mini.select(slice(start, start + self.spec.micro_batch_size)).to(self.device)
+        real = 0
+        for micro in micros:
+            micro = None if micro is None else micro.to(self.device)
             logp, entropy = self._score(micro, with_entropy=True)
+            if micro is None:
+                (
+                    logp.sum() * 0.0 + (entropy.sum() * 0.0 if entropy is not None else 0.0)
+                ).backward()
+                continue
             loss, metrics = rl_objective(
                 logp,
                 micro.old_logp,
@@ -206,40 +312,41 @@ class TrainerWorker:
                 rollout_logp=micro.rollout_logp,
                 loss_denominator=denominator,
             )
-            loss.backward()
+            (loss * self.world_size).backward()  # FSDP averages over ranks; the loss is global
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v
+            real += 1
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)  # no gradients held while the engines roll out
         self.scheduler.step()
         self._invalidate_fp8()
-        for attn in self._kv_modules():  # next version's KV scales, from this step's scoring pass
-            attn.recalibrate_kv()
+        self._recalibrate_kv()  # next version's KV scales, from this step's scoring pass
         self.version += 1
-        micro_batches = math.ceil(len(mini) / self.spec.micro_batch_size)
-        out = {k: (v if k in _SUMMED else v / micro_batches) for k, v in sums.items()}
-        out["actor/grad_norm"] = float(grad_norm)
+        out = _reduce_metrics(sums, real)
+        out["actor/grad_norm"] = float(sharding.full_tensor(grad_norm))
         out["actor/lr"] = self.scheduler.get_last_lr()[0]
         return out
 
-    def _score(self, micro: TrainBatch, *, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
-        """Logprobs [b, r] of the response tokens (and per-token entropy when asked)."""
-        hidden = response_hidden(self.model, micro.packed)
-        logits = self.model.logits(hidden)
-        logp = token_logprobs(
-            logits,
-            micro.packed.response_ids,
-            temperature=micro.temperature,
-            exact=self.model.precision.exact,
+    def _score(
+        self, micro: TrainBatch | None, *, with_entropy: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """Logprobs [b, r] of the response tokens (and per-token entropy when asked).
+
+        ``None``: a one-token dummy forward (zero-weight micro-batch of a short rank).
+        """
+        if micro is None:
+            dummy = PackedBatch(*(t.to(self.device) for t in _DUMMY))
+            return self.model.score_responses(
+                *_score_args(dummy), temperature=1.0, with_entropy=with_entropy
+            )
+        micro = micro.to(self.device)
+        logp, entropy = self.model.score_responses(
+            *_score_args(micro.packed), temperature=micro.temperature, with_entropy=with_entropy
         )
         logp = logp.masked_fill(~micro.packed.response_mask, 0.0)
-        entropy = None
-        if with_entropy:
-            scaled = logits if micro.temperature <= 0 else logits.float() / micro.temperature
-            entropy = entropy_from_logits(scaled)
-            if self.algorithm.entropy_coef == 0:
-                entropy = entropy.detach()
+        if entropy is not None and self.algorithm.entropy_coef == 0:
+            entropy = entropy.detach()
         return logp, entropy
 
     def _invalidate_fp8(self) -> None:
@@ -247,38 +354,102 @@ class TrainerWorker:
             if hasattr(module, "invalidate_quantized"):
                 module.invalidate_quantized()
 
-    def state_dict(self, include_optimizer: bool = True) -> dict[str, Any]:
-        """Everything needed to resume training exactly: master weights (CPU tensors, HF names),
-        AdamW state, LR scheduler, policy version and this process's RNG states.
+    def save(
+        self, directory: Path, optimizer: bool = True, weights_dtype: str = "float32"
+    ) -> list[str]:
+        """Write this rank's shards of weights and AdamW state (``torch.distributed.checkpoint``
+        under ``trainer/``) and its scheduler, version and RNG state (``trainer/rank_<r>.pt``).
 
-        ``include_optimizer=False`` (``checkpoint.save_optimizer=false``) leaves the AdamW
-        moments out (``{}``) so they are not shipped to the driver at all."""
+        ``optimizer=False`` (``checkpoint.save_optimizer``) leaves the AdamW moments out (a
+        resume restarts AdamW); ``weights_dtype`` (``checkpoint.weights_dtype``) is the stored
+        dtype of the master weights (``bfloat16`` halves them; they load back into the master
+        dtype).
+
+        Collective: every rank calls it with the same directory. Returns the paths written by
+        this rank, relative to ``directory``.
+        """
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        target = Path(directory) / DCP_DIR
+        target.mkdir(parents=True, exist_ok=True)
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        if weights_dtype != "float32":
+            stored = DTYPES[weights_dtype]
+            model_state = {
+                k: v.to(stored) if v.is_floating_point() else v for k, v in model_state.items()
+            }
+        dcp.save(
+            {"model": model_state} | ({"optim": optim_state} if optimizer else {}),
+            checkpoint_id=target,
+            no_dist=not dist.is_initialized(),
+        )
+        own = target / f"rank_{self.rank}.pt"
+        torch.save(self._rank_state(), own)
+        mine = sorted(p for p in target.glob(f"__{self.rank}_*") if p.is_file())
+        if self.rank == 0:
+            mine.append(target / ".metadata")
+        return [str(p.relative_to(directory)) for p in [*mine, own]]
+
+    def load(self, directory: Path) -> int:
+        """Restore what ``save`` wrote, whatever the rank count then; return the policy version.
+
+        Raises:
+            FileNotFoundError: ``directory`` has no ``trainer/`` shards (an older checkpoint).
+        """
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        source = Path(directory) / DCP_DIR
+        if not (source / ".metadata").is_file():
+            raise FileNotFoundError(f"{directory} has no trainer shards ({DCP_DIR}/.metadata)")
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        saved_keys = dcp.FileSystemReader(source).read_metadata().state_dict_metadata
+        with_optimizer = any(key.startswith("optim.") for key in saved_keys)
+        state = {"model": model_state} | ({"optim": optim_state} if with_optimizer else {})
+        dcp.load(state, checkpoint_id=source, no_dist=not dist.is_initialized())
+        if with_optimizer:
+            set_state_dict(
+                self.model,
+                self.optimizer,
+                model_state_dict=state["model"],
+                optim_state_dict=state["optim"],
+            )
+        else:
+            from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+            set_model_state_dict(self.model, state["model"])
+            log.warning(
+                "%s has no optimizer state (save_optimizer=false): AdamW restarts", directory
+            )
+        ranks = sorted(source.glob("rank_*.pt"))
+        own = source / f"rank_{self.rank}.pt"
+        saved = torch.load(own if own.is_file() else ranks[0], weights_only=False)
+        self.scheduler.load_state_dict(saved["scheduler"])
+        self.version = int(saved["version"])
+        torch.set_rng_state(saved["rng"]["torch"])
+        if saved["rng"]["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(saved["rng"]["cuda"])
+        self._invalidate_fp8()
+        return self.version
+
+    def current_version(self) -> int:
+        """Optimizer steps taken (the policy version of the weights held)."""
+        return self.version
+
+    def _rank_state(self) -> dict[str, Any]:
         return {
-            "model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
-            "optimizer": self.optimizer.state_dict() if include_optimizer else {},
             "scheduler": self.scheduler.state_dict(),
             "version": self.version,
+            "world_size": self.world_size,
             "rng": {
                 "torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             },
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a ``state_dict()``; the FP8 weight caches are rebuilt from the restored weights."""
-        with torch.no_grad():
-            self.model.load_state_dict({k: v.to(self.device) for k, v in state["model"].items()})
-        if state["optimizer"]:  # empty: saved with checkpoint.save_optimizer=false
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.version = int(state["version"])
-        torch.set_rng_state(state["rng"]["torch"])
-        if state["rng"]["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-        self._invalidate_fp8()
-
     def free_address(self) -> tuple[str, int]:
-        """This node's IP and a free TCP port (rendezvous of the NCCL weight-broadcast group)."""
+        """This node's IP and a free TCP port (rendezvous of the trainer or weight-sync group)."""
         import socket
 
         import ray
@@ -287,34 +458,117 @@ class TrainerWorker:
             sock.bind(("", 0))
             return ray.util.get_node_ip_address(), sock.getsockname()[1]
 
+    def gpu_location(self) -> tuple[str, str | None]:
+        """``(Ray node id, GPU UUID or None)`` of this rank's device (transport choice)."""
+        from fp8rl.workers.common import gpu_location
+
+        return gpu_location(self.device)
+
     def init_transport(self, name: str, **kwargs: Any) -> None:
-        """Use transport ``name`` for weight updates (``nccl`` joins its process group as rank 0)."""
-        self.transports[name] = make_transport(name, **kwargs)
-        self.transport = name
+        """Use transport ``name`` for weight updates (rank 0 sends; ``nccl`` joins its own group)."""
+        if self.rank == 0:
+            self.publisher.join(name, **kwargs)
 
     @torch.no_grad()
-    def publish(self, *, role: str = "rollout") -> tuple[WeightUpdate, Any]:
+    def publish(self, *, role: str = "rollout") -> tuple[WeightUpdate | None, Any]:
         """WeightUpdate (manifest) + transport handle of the current weights in ``role``'s layout
-        (``rollout`` engines, or the ``reference`` for the initial sync)."""
+        (``rollout`` engines, or the ``reference`` for the initial sync).
+
+        Collective when sharded: every rank gathers each weight; rank 0 quantizes and sends,
+        the other ranks return ``(None, None)``.
+        """
         receiver = self.receivers[role]
         fingerprint = self.precision.quant.fingerprint() if receiver.fp8 else None
-        transport = self.transports[self.transport if role == "rollout" else "object_store"]
-        update, payload = build_update(
+        return self.publisher.publish(
             self.model,
             receiver=receiver,
             version=self.version,
             fingerprint=fingerprint,
-            transport=transport.name,
+            role=role,
+            gather=self._gather if self.sharded else None,
         )
-        if transport.name == "nccl":  # receivers need the manifest first; ``broadcast`` sends
-            self._pending = payload
-            return update, None
-        return update, transport.send(payload)
+
+    def _gather(self, param: Tensor) -> Tensor | None:
+        full = sharding.full_tensor(param)
+        return full if self.rank == 0 else None
 
     def broadcast(self) -> None:
         """Send the last published payload over the NCCL group (engines receive concurrently)."""
-        payload, self._pending = self._pending, None
-        self.transports["nccl"].send(payload)
+        self.publisher.broadcast()
+
+
+def needs_group(trainer: TrainerSpec) -> bool:
+    """Whether the trainer runs FSDP2 (a process group): several ranks, or host-offloaded params."""
+    return trainer.num_workers > 1 or trainer.offload == "params_and_optimizer"
+
+
+def shard_batch(
+    batch: TrainBatch,
+    *,
+    ranks: int,
+    mini_batch_size: int,
+    micro_batch_size: int,
+    loss_agg: str,
+) -> list[TrainShard]:
+    """Split ``batch`` into one token-balanced ``TrainShard`` per rank (``plan_shards``), with
+    each mini-batch's global loss denominator."""
+    from fp8rl.workers.algorithms import loss_denominator
+    from fp8rl.workers.trainer.batch import MiniLayout
+
+    plan = plan_shards(
+        batch.packed.lengths,
+        ranks=ranks,
+        mini_batch_size=mini_batch_size,
+        micro_batch_size=micro_batch_size,
+    )
+    mask = batch.packed.response_mask
+    denominators = [
+        loss_denominator(mask[start : start + mini_batch_size], mode=loss_agg)
+        for start in range(0, len(batch), mini_batch_size)
+    ]
+    shards = []
+    for index, rows, micros in plan:
+        idx = torch.tensor(index, dtype=torch.long)
+        minis = [
+            MiniLayout(rows=r, micro_batches=k, denominator=d)
+            for r, k, d in zip(rows, micros, denominators, strict=True)
+        ]
+        shards.append(TrainShard(batch=batch.select(idx), minis=minis, index=idx))
+    return shards
+
+
+def _score_args(packed: PackedBatch) -> tuple[Tensor, ...]:
+    return (
+        packed.input_ids,
+        packed.positions,
+        packed.lengths,
+        packed.prompt_lengths,
+        packed.response_ids,
+    )
+
+
+_DUMMY = (
+    torch.zeros(1, 2, dtype=torch.long),
+    torch.arange(2)[None],
+    torch.tensor([2]),
+    torch.tensor([1]),
+    torch.zeros(1, 1, dtype=torch.long),
+    torch.ones(1, 1, dtype=torch.bool),
+)
+"""A one-token response: the forward of a zero-weight micro-batch."""
+
+
+def _reduce_metrics(sums: dict[str, float], micro_batches: int) -> dict[str, float]:
+    """Metrics of a mini-batch over all ranks: objective terms (computed with the global
+    denominator) add up; the others average over every rank's real micro-batches."""
+    keys = sorted(sums)
+    values = torch.tensor([*(sums[k] for k in keys), float(micro_batches)], dtype=torch.float64)
+    values = sharding.all_reduce(values, "sum")
+    count = max(float(values[-1]), 1.0)
+    return {
+        k: float(v) if k in _SUMMED else float(v) / count
+        for k, v in zip(keys, values[:-1], strict=True)
+    }
 
 
 _SUMMED = {"actor/pg_loss", "actor/kl", "actor/entropy"}

@@ -10,6 +10,8 @@ the engine keeps its previous weights and version.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -54,7 +56,8 @@ def build_update(
     version: int,
     fingerprint: str | None,
     transport: str = "object_store",
-) -> tuple[WeightUpdate, dict[str, Tensor]]:
+    gather: Callable[[Tensor], Tensor | None] | None = None,
+) -> tuple[WeightUpdate | None, dict[str, Tensor]]:
     """Manifest + payload of the trainer's current weights in the receiver's layout.
 
     FP8 linears ship their cached ``quantized_weight()`` (the codes the trainer's own forward
@@ -65,6 +68,12 @@ def build_update(
         model: the trainer's Decoder. receiver: the engines' precision (layout and dtype).
         version: policy version (optimizer steps taken). fingerprint: QuantConfig fingerprint.
         transport: recorded in the manifest.
+        gather: for a sharded trainer, the full tensor of a parameter (a collective every rank
+            calls in the same order; None on ranks that do not send). FP8 weights are then
+            quantized here from the gathered master weight — the same ``per_block_quant`` an
+            unsharded trainer's cache runs, so the codes and scales are bitwise equal whatever
+            the shard boundaries (gather first, quantize once). A rank whose ``gather``
+            returns None gets ``(None, {})``.
     """
     from fp8rl.kernels import per_block_quant
 
@@ -80,15 +89,24 @@ def build_update(
             )
             if not (is_linear and receiver.fp8 and receiver.linear_is_fp8(prefix, num_blocks)):
                 continue
-            q = (
-                module.quantized_weight()
-                if is_fp8_linear(module)
-                else per_block_quant(
+            if gather is not None:
+                weight = gather(weight)
+                if weight is None:  # a rank that does not send: gathered its share, done
+                    fp8_prefixes.add(prefix)
+                    continue
+                q = per_block_quant(
+                    weight.detach(),
+                    scale_format=receiver.quant.scale_format,
+                    name="FP8Linear.weight",
+                )
+            elif is_fp8_linear(module):
+                q = module.quantized_weight()
+            else:
+                q = per_block_quant(
                     weight.detach(),
                     scale_format=receiver.quant.scale_format,
                     name=f"{prefix}.weight",
                 )
-            )
             payload[f"{prefix}.weight"] = q.codes
             payload[f"{prefix}{SCALE_SUFFIX}"] = q.scale
             meta[f"{prefix}.weight"] = ("fp8_weight", [128, 128])
@@ -98,7 +116,10 @@ def build_update(
             owner, _, leaf = name.rpartition(".")
             if owner in fp8_prefixes and leaf == "weight":
                 continue
-            payload[name] = param.detach().to(receiver.dtype)
+            full = param if gather is None else gather(param)
+            if full is None:
+                continue
+            payload[name] = full.detach().to(receiver.dtype)
             meta[name] = ("dense", None)
         if receiver.kv_fp8:
             for prefix, module in model.named_modules():
@@ -106,6 +127,8 @@ def build_update(
                     for leaf in KV_SCALES:
                         payload[f"{prefix}.{leaf}"] = getattr(module, leaf).detach().clone()
                         meta[f"{prefix}.{leaf}"] = ("kv_scale", None)
+    if gather is not None and not payload:  # a rank that only took part in the gathers
+        return None, payload
     scale_format = receiver.quant.scale_format if receiver.fp8 else None
     entries = [
         TensorEntry(
