@@ -228,10 +228,10 @@ def measure_attribution(job: JobSpec, workers: Workers, rollouts: Any, step: int
     """``mismatch/attrib/*`` of the just-updated policy on this step's first prompts."""
     import ray
 
-    state = workers.trainer.state_dict
-    state = ray.get(state.remote()) if hasattr(state, "remote") else state()
+    weights = workers.trainer.model_weights
+    weights = ray.get(weights.remote()) if hasattr(weights, "remote") else weights()
     prompts = [s.prompt_token_ids for s in rollouts.samples[:: job.rollout.n]]
-    return attribution_metrics(job, state["model"], prompts, step=step)
+    return attribution_metrics(job, weights, prompts, step=step)
 
 
 def log_step(

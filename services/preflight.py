@@ -65,6 +65,11 @@ def unsupported(job: JobSpec) -> list[str]:
             f"mini-batch of {mini} sequences; use at most {mini} ranks or raise "
             "trainer.mini_batch_size"
         )
+    if job.logging.mismatch_attribution_every and job.trainer.num_workers > 1:
+        out.append(
+            "logging.mismatch_attribution_every: needs trainer.num_workers=1 (it rebuilds the "
+            "policy from rank 0's full weights); set it to 0 or use one trainer rank"
+        )
     for i, fn in enumerate(job.reward.functions):
         if fn.name not in BUILTIN_REWARDS and "." not in fn.name and ":" not in fn.name:
             out.append(

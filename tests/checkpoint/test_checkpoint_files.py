@@ -24,6 +24,7 @@ from fp8rl.services.checkpoint import (
     META,
     TEST_DELAY_ENV,
     TRAINER_DIR,
+    CheckpointCorruptError,
     Checkpointer,
     CheckpointError,
     find_checkpoint,
@@ -63,7 +64,7 @@ class FakeTrainer:
     def __init__(self, seed: int = 0, version: int = 3) -> None:
         self.weights, self.version, self.loaded = weights(seed), version, None
 
-    def save(self, directory: Path) -> list[str]:
+    def save(self, directory: Path, optimizer: bool = True, weights_dtype: str = "") -> list[str]:
         return write_model_shards(directory, self.weights)
 
     def load(self, directory: Path) -> int:
@@ -113,7 +114,7 @@ def test_a_checkpoint_of_the_older_unsharded_format_is_refused_with_the_reason(t
     path = save(tmp_path / "checkpoints", 1)
     meta = json.loads((path / META).read_text())
     (path / META).write_text(json.dumps({**meta, "format_version": 1}))
-    with pytest.raises(CheckpointError, match=r"format-1 checkpoint .* older fp8rl"):
+    with pytest.raises(CheckpointCorruptError, match=r"format_version 1, this fp8rl reads 2"):
         verify_checkpoint(path)
 
 

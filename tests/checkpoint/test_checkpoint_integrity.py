@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from test_checkpoint_files import save, small_job, trainer_state
+from test_checkpoint_files import SHARD, FakeTrainer, save, small_job
 from typer.testing import CliRunner
 
 from fp8rl.services import checkpoint_verify
 from fp8rl.services.checkpoint import (
     LATEST,
     META,
-    MODEL_FILE,
     STATE_FILE,
+    TRAINER_DIR,
     CheckpointCorruptError,
     Checkpointer,
     CheckpointError,
@@ -29,12 +29,15 @@ from fp8rl.services.checkpoint import (
     commit_checkpoint,
     find_checkpoint,
     prune_checkpoints,
-    read_checkpoint,
     read_meta,
+    read_model_weights,
     select_checkpoint,
     verify_checkpoint,
 )
 from fp8rl.services.checkpoint_verify import hash_directory
+
+MODEL_FILE = SHARD
+"""The one rank's DCP weights file: what the damage below hits."""
 
 
 def truncate(path: Path) -> str:
@@ -53,12 +56,12 @@ def flip_byte(path: Path) -> str:
 
 
 def garbage_weights(path: Path) -> str:
-    """Row 3: same-size finite noise over the tensor data (the header stays valid)."""
+    """Row 3: same-size finite noise over the middle half of the tensor data."""
     file = path / MODEL_FILE
-    header = 8 + int.from_bytes(file.read_bytes()[:8], "little")
     data = bytearray(file.read_bytes())
-    noise = torch.rand((len(data) - header) // 4).numpy().tobytes()
-    data[header : header + len(noise)] = noise
+    start = len(data) // 4
+    noise = torch.rand(len(data) // 8).numpy().tobytes()
+    data[start : start + len(noise)] = noise
     file.write_bytes(bytes(data))
     return f"{MODEL_FILE} fails its checksum"
 
@@ -130,16 +133,17 @@ def test_a_damaged_checkpoint_is_skipped_with_path_and_reason_and_resume_falls_b
     assert str(bad) in str(error.value) and not isinstance(error.value, ValueError)
 
     class Trainer:
-        def load_state_dict(self, state):
-            self.state = state
+        def load(self, directory):
+            self.directory = directory
+            return 2
 
     class Sampler:
         def load_state_dict(self, cursor):
             self.cursor = cursor
 
     trainer = Trainer()
-    assert checkpointer.restore(good, trainer, Sampler()) == 1
-    assert trainer.state["version"] == 2  # step 1's state, not step 2's
+    assert checkpointer.restore(good, [trainer], Sampler()) == 1
+    assert trainer.directory == good  # the ranks load step 1, not step 2
 
 
 def test_every_file_of_the_step_directory_gets_size_and_sha256_in_the_manifest(tmp_path):
@@ -151,7 +155,11 @@ def test_every_file_of_the_step_directory_gets_size_and_sha256_in_the_manifest(t
     on_disk = sorted(
         p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() and p.name != META
     )
-    assert sorted(files) == on_disk == sorted([MODEL_FILE, STATE_FILE, "tokenizer/tokenizer.json"])
+    assert (
+        sorted(files)
+        == on_disk
+        == sorted([SHARD, f"{TRAINER_DIR}/.metadata", STATE_FILE, "tokenizer/tokenizer.json"])
+    )
     for rel, record in files.items():
         data = (path / rel).read_bytes()
         assert record == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
@@ -204,8 +212,7 @@ def _saver(tmp_path: Path, keep_last: int) -> tuple[Checkpointer, object, object
     checkpointer = Checkpointer(tmp_path, small_job(keep_last=keep_last))
     checkpointer._model = ({"hidden_size": 8}, None)
     sampler = type("S", (), {"state_dict": lambda self: {"cursor": 0}})()
-    trainer = type("T", (), {"state_dict": lambda self: trainer_state()})()
-    return checkpointer, trainer, sampler
+    return checkpointer, [FakeTrainer()], sampler
 
 
 def test_pruning_keeps_the_newest_healthy_checkpoint_through_unhealthy_saves(tmp_path):
@@ -246,14 +253,14 @@ def test_pruning_after_a_resume_keeps_the_verified_anchor_and_drops_older_damage
 
 
 def test_undecodable_data_behind_a_matching_manifest_names_the_file_as_a_storage_error(tmp_path):
-    """Row 4: random bytes in the safetensors header gave `header too large` with no path."""
+    """Row 4: random bytes in a weights file gave a decoder error with no path."""
     path = save(tmp_path / "checkpoints", 1)
-    (path / MODEL_FILE).write_bytes(b"\xff" * 64)
+    (path / TRAINER_DIR / ".metadata").write_bytes(b"\xff" * 64)
     meta = read_meta(path)
     meta.files = hash_directory(path, exclude=(META,))  # a buggy writer hashed its garbage
     (path / META).write_text(meta.model_dump_json())
-    with pytest.raises(CheckpointCorruptError, match=f"{path / MODEL_FILE}: cannot load"):
-        read_checkpoint(path)
+    with pytest.raises(CheckpointCorruptError, match=f"{path / TRAINER_DIR}: cannot load"):
+        read_model_weights(path)
 
 
 def test_a_manifest_without_checksums_is_refused_with_its_format_version(tmp_path):
@@ -331,10 +338,10 @@ def test_verification_cost_is_paid_once_per_resume(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint_verify, "hash_file", lambda p: calls.append(p) or real(p))
     checkpointer = Checkpointer(tmp_path, small_job())
     path = checkpointer.resolve()
-    trainer = type("T", (), {"load_state_dict": lambda self, s: None})()
+    trainer = type("T", (), {"load": lambda self, d: 0})()
     sampler = type("S", (), {"load_state_dict": lambda self, c: None})()
-    checkpointer.restore(path, trainer, sampler)
-    assert sorted(p.name for p in calls) == [MODEL_FILE, STATE_FILE]
+    checkpointer.restore(path, [trainer], sampler)
+    assert sorted(p.name for p in calls) == sorted([".metadata", Path(SHARD).name, STATE_FILE])
 
 
 def test_fp8rl_export_of_a_damaged_checkpoint_exits_1_naming_the_file(tmp_path):

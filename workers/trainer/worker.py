@@ -433,6 +433,21 @@ class TrainerWorker(TrainerBackend):
         self._invalidate_fp8()
         return self.version
 
+    @torch.no_grad()
+    def model_weights(self) -> dict[str, Tensor]:
+        """Full master weights (CPU copies, HF names, master dtype) of a one-rank trainer, for
+        diagnostics that rebuild the policy elsewhere (mismatch attribution).
+
+        Raises:
+            ValueError: the trainer has several ranks (the gather would be collective).
+        """
+        if self.world_size > 1:
+            raise ValueError("model_weights needs trainer.num_workers=1 (a collective otherwise)")
+        return {
+            k: sharding.full_tensor(v).detach().cpu().clone()
+            for k, v in self.model.state_dict().items()
+        }
+
     def current_version(self) -> int:
         """Optimizer steps taken (the policy version of the weights held)."""
         return self.version
