@@ -1,4 +1,4 @@
-"""A private local Ray is started lean: no dashboard, glibc malloc that returns memory."""
+"""A private local Ray is started lean: glibc malloc settings that return memory to the OS."""
 
 from __future__ import annotations
 
@@ -7,15 +7,18 @@ import os
 from fp8rl.services import runtime
 
 
-def test_local_ray_starts_without_dashboard_and_with_malloc_settings(monkeypatch):
+def test_a_private_local_ray_inherits_malloc_settings_that_return_memory(monkeypatch):
     calls = []
     monkeypatch.setattr(runtime.ray, "is_initialized", lambda: False)
     monkeypatch.setattr(runtime.ray, "init", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(runtime, "_reachable_local_cluster", lambda: None)
+    monkeypatch.setattr(runtime, "_private_head", lambda: "127.0.0.1:6390")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     for key in runtime.LOCAL_MALLOC_ENV:
         monkeypatch.delenv(key, raising=False)
-    runtime.init_ray("local")
-    assert calls == [{"address": "local", "log_to_driver": True, "include_dashboard": False}]
-    assert os.environ["MALLOC_ARENA_MAX"] == "2"
+    runtime.init_ray(None)
+    assert calls == [{"address": "127.0.0.1:6390", "log_to_driver": True}]
+    assert os.environ["MALLOC_ARENA_MAX"] == "2"  # the head's workers inherit it
 
 
 def test_attaching_to_a_cluster_passes_no_local_options(monkeypatch):

@@ -100,7 +100,7 @@ def test_grpo_steps_track_the_native_trainer_and_publish_and_resume(trainers, tm
 def test_checkpoint_state_is_the_native_layout_in_hf_names_and_restores(trainers):
     native, megatron = trainers
     state = megatron.state_dict()
-    native_model = native.state_dict()["model"]
+    native_model = native.model_weights()
     assert sorted(state["model"]) == sorted(native_model)
     assert all(state["model"][k].shape == native_model[k].shape for k in native_model)
     probe = _batch(5, torch.Generator().manual_seed(3))

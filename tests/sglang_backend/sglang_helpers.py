@@ -64,8 +64,8 @@ def perturb(trainer, scale: float = 0.02) -> None:
 
 def sync(trainer, engine) -> int:
     """Publish the trainer's weights as a version newer than the engine's and apply them."""
-    if engine.receiver.version is not None and trainer.version <= engine.version:
-        trainer.version = engine.version + 1
+    if engine.receiver.version is not None and trainer.version <= engine.current_version():
+        trainer.version = engine.current_version() + 1
     update, handle = trainer.publish()
     return engine.apply_weights(update, handle)
 

@@ -49,7 +49,7 @@ def test_generate_tags_every_sample_with_version_and_fingerprint(pair):
     for s in result.samples:
         assert len(s.token_ids) == len(s.logprobs) and 1 <= len(s.token_ids) <= 6
         assert all(lp <= 0 for lp in s.logprobs)
-        assert s.policy_version == engine.version == trainer.version
+        assert s.policy_version == engine.current_version() == trainer.version
         assert s.quant_fingerprint == trainer.precision.quant.fingerprint()
         assert s.finish_reason in ("stop", "length")
 
@@ -62,18 +62,18 @@ def test_equal_seeds_and_weights_give_equal_samples(pair):
 
 def test_a_stale_version_is_refused_and_changes_nothing(pair):
     trainer, engine = pair
-    before, version = samples(engine.generate(request())), engine.version
+    before, version = samples(engine.generate(request())), engine.current_version()
     trainer.version = version  # not newer
     update, handle = trainer.publish()
     with pytest.raises(WeightUpdateRefused, match="is not newer"):
         engine.apply_weights(update, handle)
-    assert engine.version == version
+    assert engine.current_version() == version
     assert samples(engine.generate(request())) == before
 
 
 def test_a_missing_tensor_is_refused_by_name(pair):
     trainer, engine = pair
-    trainer.version = engine.version + 1
+    trainer.version = engine.current_version() + 1
     update, handle = trainer.publish()
     dropped = update.tensors[-1].name
     short = update.model_copy(update={"tensors": update.tensors[:-1]})

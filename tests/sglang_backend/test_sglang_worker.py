@@ -12,6 +12,7 @@ from fp8rl.workers.rollout.sglang import SGLangUpdateFailed
 from fp8rl.workers.rollout.sglang_adapter import PROBE_LOADER
 from fp8rl.workers.rollout.sglang_fake import FakeContractViolation
 from fp8rl.workers.weight_sync.layout import engine_tensor
+from fp8rl.workers.weight_sync.transport import make_transport
 from fp8rl.workers.weight_sync.update import WeightUpdateRefused
 
 
@@ -52,7 +53,7 @@ def test_refit_is_one_session_of_buckets_and_writes_the_trainer_codes(pair):
     assert fake.calls == ["begin_weight_update", *loads, "end_weight_update"]
     assert len(loads) > 1  # 1 MiB buckets: the 12 MiB embedding goes alone, the rest grouped
     assert version == update.version == engine.current_version()
-    payload = trainer.transports["object_store"].receive(update, handle, torch.device("cpu"))
+    payload = make_transport("object_store").receive(update, handle, torch.device("cpu"))
     for name in engine.slots:
         assert torch.equal(engine_tensor(fake.model, name), payload[name]), name
 
@@ -60,7 +61,7 @@ def test_refit_is_one_session_of_buckets_and_writes_the_trainer_codes(pair):
 def test_refused_update_opens_no_session_and_keeps_weights_and_version(pair):
     trainer, engine = pair
     before = samples(engine.generate(request()))
-    version = engine.version
+    version = engine.current_version()
     perturb(trainer)
     update, handle = trainer.publish()
     bad = update.model_copy(
@@ -71,21 +72,21 @@ def test_refused_update_opens_no_session_and_keeps_weights_and_version(pair):
     with pytest.raises(WeightUpdateRefused, match="checksum mismatch"):
         engine.apply_weights(bad, handle)
     assert engine.engine.calls == []
-    assert engine.version == version
+    assert engine.current_version() == version
     assert samples(engine.generate(request())) == before
 
 
 def test_failure_mid_session_reloads_the_last_good_version(pair):
     trainer, engine = pair
     before = samples(engine.generate(request()))
-    version = engine.version
+    version = engine.current_version()
     perturb(trainer)
     engine.engine.fail_on = "model.layers.1.mlp.down_proj.weight"
     engine.engine.calls.clear()
     with pytest.raises(SGLangUpdateFailed, match=f"reloaded with version {version}"):
         sync(trainer, engine)
     assert engine.engine.calls.count("begin_weight_update") == 2  # the failed one, the reload
-    assert engine.version == version
+    assert engine.current_version() == version
     assert samples(engine.generate(request())) == before
 
 
