@@ -29,8 +29,9 @@ class HealthSpec(StrictModel):
     i.e. a policy close to uniform over the vocabulary. 0 turns the signal off."""
 
     min_entropy: float = Field(default=0.1, ge=0)
-    """Collapse signal: ``actor/entropy`` below this many nats/token (a policy that became
-    deterministic, as after a destructive update). 0 turns the signal off."""
+    """Collapse signal: ``actor/entropy`` below this many nats/token while ``reward/mean`` is at
+    most 0 (a policy that became deterministic without earning reward, as after a destructive
+    update; a policy converged on rewarded answers is not judged). 0 turns the signal off."""
 
     dead_gradient: bool = True
     """Collapse signal: ``actor/grad_norm`` is 0 while some advantage is non-zero."""

@@ -355,8 +355,8 @@ def set_driver_rng_state(state: dict[str, Any]) -> None:
 class Checkpointer:
     """The driver's checkpoint hooks for one run directory.
 
-    ``trainer`` arguments are a TrainerWorker actor handle (``.state_dict.remote()``) or, in
-    tests, a plain object with ``state_dict()`` / ``load_state_dict()``.
+    ``trainers`` arguments are the trainer ranks: TrainerBackend actor handles (``save`` /
+    ``load`` / ``current_version``) or, in tests, plain objects with those methods.
 
     ``skipped``: the checkpoints ``resolve`` passed over, with their reasons. ``anchor``: the
     newest verified, healthy checkpoint of this run directory (the resume point), which pruning
@@ -392,6 +392,15 @@ class Checkpointer:
             t0 = time.perf_counter()
             path, self.skipped = select_checkpoint(self.root)
             warn_skipped(self.skipped)
+            if path is None and any(skip.corrupt for skip in self.skipped):
+                # Starting over would move this run (and its damaged checkpoints) aside and may
+                # prune older runs: refuse and touch nothing; the person decides.
+                raise CheckpointCorruptError(
+                    f"checkpoint.resume=auto: no checkpoint under {self.root} passes "
+                    f"verification ({'; '.join(f'{s.path.name}: {s.reason}' for s in self.skipped)})"
+                    "; nothing was changed. Restore the files, name a checkpoint in "
+                    "checkpoint.resume, or set checkpoint.resume=never to start over"
+                )
             self.anchor, self._anchor_known = path, True
             if path is not None:
                 log.info("verified %s in %.1f s", path, time.perf_counter() - t0)

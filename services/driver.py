@@ -27,7 +27,7 @@ from fp8rl.services.mismatch_attribution import attribution_due, attribution_met
 from fp8rl.services.oom import oom_message
 from fp8rl.services.preflight import preflight
 from fp8rl.services.rollout_phase import PromptFeed, collect
-from fp8rl.services.run_dir import prepare_run_dir, run_dir_of
+from fp8rl.services.run_dir import lock_run_dir, prepare_run_dir, run_dir_of
 from fp8rl.services.run_summary import RunResult, closing_lines
 from fp8rl.services.runtime import Workers, init_ray, running_workers
 from fp8rl.services.spec_warnings import spec_warnings
@@ -172,6 +172,7 @@ def open_session(job: JobSpec, reporter: Any) -> Session | None:
     preflight(job, local=True)  # unimplemented options, missing files: fail before anything starts
     for warning in spec_warnings(job):  # runs, but may not learn (bf16 master with a small lr)
         log.warning("%s", warning)
+    lock_run_dir(job)  # a live run of the same name would crash if its directory moved
     checkpoints = Checkpointer(run_dir_of(job), job)
     resume = checkpoints.resolve()  # refuses a checkpoint of another quant contract up front
     start = checkpoint_step(resume)  # steps already done (0: a fresh start)

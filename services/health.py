@@ -78,10 +78,14 @@ def collapse_signals(
             f"actor/entropy {entropy:.4g} is within {spec.entropy_collapse_fraction:.0%} of "
             f"ln V = {uniform:.4g} (a near-uniform policy; health.entropy_collapse_fraction)"
         )
-    if entropy is not None and entropy < spec.min_entropy:
+    reward = metrics.get("reward/mean")
+    if entropy is not None and entropy < spec.min_entropy and (reward is None or reward <= 0):
+        # A policy that converged on rewarded answers is deterministic too: only an unrewarded
+        # deterministic policy (as after a destructive update) is a collapse.
         out["entropy_zero"] = (
-            f"actor/entropy {entropy:.3g} < health.min_entropy={spec.min_entropy:g} "
-            "(a deterministic policy: entropy collapse)"
+            f"actor/entropy {entropy:.3g} < health.min_entropy={spec.min_entropy:g} with "
+            f"reward/mean {reward if reward is not None else 'n/a'} (a deterministic policy that "
+            "earns nothing: entropy collapse)"
         )
     grad_norm = metrics.get("actor/grad_norm")
     if spec.dead_gradient and grad_norm == 0 and advantages is not None:

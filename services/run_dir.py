@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import shutil
 import time
 from pathlib import Path
@@ -12,6 +14,42 @@ import yaml
 from fp8rl.protocol import JobSpec
 
 log = logging.getLogger(__name__)
+
+_HELD: dict[Path, int] = {}
+"""Run locks this process holds (file descriptors stay open until the process ends)."""
+
+
+class RunDirectoryBusy(ValueError):
+    """Another live process runs a job with this run directory."""
+
+
+def lock_run_dir(job: JobSpec) -> Path:
+    """Take ``<output_dir>/.<name>.lock`` for this process's lifetime (``flock``; released by
+    the OS when the process ends, also on kill -9). Idempotent within a process.
+
+    Raises:
+        RunDirectoryBusy: another process holds it (a run of the same ``name`` is live), naming
+            its pid: moving its directory aside would crash it.
+    """
+    path = run_dir_of(job)
+    lock = path.with_name(f".{path.name}.lock")
+    if lock in _HELD:
+        return lock
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise RunDirectoryBusy(
+            f"name: a run named {job.name!r} is already running in {path} (pid {holder}); "
+            "wait for it, stop it, or pick another name=..."
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _HELD[lock] = fd
+    return lock
 
 
 def run_dir_of(job: JobSpec) -> Path:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shlex
+import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,10 +55,10 @@ def closing_lines(result: RunResult, *, spec: str, overrides: list[str]) -> list
             f"reward/mean: {result.reward_first:.3f} at step 1 -> "
             f"{result.metrics['reward/mean']:.3f} at step {result.steps_done}"
         )
-    run_dir = shlex.quote(str(result.run_dir))
-    lines += ["next:", f"  fp8rl report {run_dir}                 # plots and a summary"]
+    run_dir, cli = shlex.quote(str(result.run_dir)), fp8rl_command()
+    lines += ["next:", f"  {cli} report {run_dir}                 # plots and a summary"]
     if result.checkpoint is not None:
-        lines.append(f"  fp8rl export {run_dir} --format hf-bf16  # a Hugging Face model")
+        lines.append(f"  {cli} export {run_dir} --format hf-bf16  # a Hugging Face model")
         lines.append(f"  {resume_command(result, spec=spec, overrides=overrides)}  # resume")
     else:
         lines.append("  (no checkpoint was written: export and resume need checkpoint.save_final)")
@@ -68,5 +70,14 @@ def resume_command(result: RunResult, *, spec: str, overrides: list[str]) -> str
     dropped = ("checkpoint.resume=",) if result.stopped else ("checkpoint.resume=", "steps=")
     kept = [o for o in overrides if not o.startswith(dropped)]
     more = [] if result.stopped else [f"steps={result.total_steps * 2}"]
-    words = ["fp8rl", "run", spec, *kept, *more, "checkpoint.resume=auto"]
-    return " ".join(shlex.quote(w) for w in words)
+    words = ["run", spec, *kept, *more, "checkpoint.resume=auto"]
+    return " ".join([fp8rl_command(), *(shlex.quote(w) for w in words)])
+
+
+def fp8rl_command() -> str:
+    """How to call the CLI again: ``fp8rl`` when that is on PATH, else the path it was started
+    by (``.venv/bin/fp8rl`` after ``deploy/setup.sh``, which does not change PATH)."""
+    started = sys.argv[0] if sys.argv and sys.argv[0].endswith("fp8rl") else None
+    if shutil.which("fp8rl") or started is None:
+        return "fp8rl"
+    return shlex.quote(started)

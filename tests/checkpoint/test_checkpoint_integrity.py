@@ -353,3 +353,14 @@ def test_fp8rl_export_of_a_damaged_checkpoint_exits_1_naming_the_file(tmp_path):
     assert result.exit_code == 1
     assert f"{STATE_FILE} fails its checksum" in result.output and "step_1" in result.output
     assert not (tmp_path / "x").exists()
+
+
+def test_resume_auto_with_only_damaged_checkpoints_refuses_and_changes_nothing(tmp_path):
+    root = tmp_path / "checkpoints"
+    bad = save(root, 1)
+    truncate(bad)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(CheckpointCorruptError, match="nothing was changed") as error:
+        Checkpointer(tmp_path, small_job()).resolve()
+    assert "step_1" in str(error.value) and "checkpoint.resume=never" in str(error.value)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before

@@ -110,3 +110,15 @@ def test_ctrl_c_during_a_run_stops_after_the_step_with_a_checkpoint(tmp_path):
     assert (run_dir / "checkpoints" / f"step_{last}").is_dir()
     assert f"run stopped early after {last} of 5 steps" in err
     assert "checkpoint.resume=auto" in err and "Ctrl-C again" in err
+
+
+def test_next_commands_use_the_path_the_cli_was_started_by_when_fp8rl_is_not_on_path(
+    monkeypatch,
+):
+    from fp8rl.services import run_summary
+
+    monkeypatch.setattr(run_summary.shutil, "which", lambda name: None)
+    monkeypatch.setattr(run_summary.sys, "argv", [".venv/bin/fp8rl", "run", "q.yaml"])
+    assert run_summary.fp8rl_command() == ".venv/bin/fp8rl"
+    monkeypatch.setattr(run_summary.shutil, "which", lambda name: "/usr/bin/fp8rl")
+    assert run_summary.fp8rl_command() == "fp8rl"
