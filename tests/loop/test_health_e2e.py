@@ -60,7 +60,7 @@ def test_nan_reward_fails_the_run_before_the_update(rewards_module, tmp_path):
     )
     with pytest.raises(RunUnhealthy) as info:
         run(job)
-    assert "step 0: reward is nan for 4 of 4 responses" in str(info.value)
+    assert "step 1: reward is nan for 4 of 4 responses" in str(info.value)
     assert _steps_logged(tmp_path, job.name) == []  # no step was trained or logged
 
 

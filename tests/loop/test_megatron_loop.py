@@ -37,7 +37,7 @@ def test_megatron_trainer_runs_grpo_with_zero_engine_mismatch_in_exact_mode(loca
         for line in (tmp_path / job.name / "metrics.jsonl").read_text().splitlines()
     ]
     train = [r for r in rows if "actor/grad_norm" in r]
-    assert [r["step"] for r in train] == [0, 1]
+    assert [r["step"] for r in train] == [1, 2]  # steps are numbered from 1
     for r in train:  # the native engine scores exactly what the Megatron trainer scores
         assert r["mismatch/abs_dlogp_max"] == 0.0
         assert {"actor/pg_loss", "actor/entropy", "timing_s/train", "timing_s/sync"} <= r.keys()

@@ -46,9 +46,16 @@ class TrainerBackend(ABC):
         the transport handle (rank 0; other ranks return their part of the gather)."""
 
     @abstractmethod
-    def save(self, directory: Path) -> list[str]:
-        """Write this rank's shard of weights, optimizer, scheduler and RNG state under
-        ``directory``; returns the file names written (relative to ``directory``)."""
+    def current_version(self) -> int:
+        """Optimizer steps taken: the policy version of the weights this rank holds."""
+
+    @abstractmethod
+    def save(
+        self, directory: Path, optimizer: bool = True, weights_dtype: str = "float32"
+    ) -> list[str]:
+        """Write this rank's shard of weights (stored as ``weights_dtype``), optimizer state
+        (unless ``optimizer`` is False), scheduler and RNG state under ``directory``; returns the
+        file names written (relative to ``directory``)."""
 
     @abstractmethod
     def load(self, directory: Path) -> int:

@@ -32,9 +32,9 @@ from fp8rl.protocol import AlgorithmSpec, Handshake, ModelSpec, PrecisionSpec, W
 from fp8rl.protocol.trainer_spec import MegatronTrainer as MegatronTrainerSpec
 from fp8rl.workers.algorithms import entropy_from_logits, loss_denominator, rl_objective
 from fp8rl.workers.common import handshake, load_model, pick_device
-from fp8rl.workers.model.build import layer_precision
+from fp8rl.workers.model.build import DTYPES, layer_precision
 from fp8rl.workers.trainer.backend import TrainerBackend
-from fp8rl.workers.trainer.batch import TrainBatch
+from fp8rl.workers.trainer.batch import TrainBatch, TrainShard
 from fp8rl.workers.trainer.megatron.logprobs import response_logits, vocab_parallel_logprobs
 from fp8rl.workers.trainer.megatron.model import build_gpt_model, load_hf_weights
 from fp8rl.workers.trainer.megatron.parallel import init_parallel
@@ -186,8 +186,10 @@ class MegatronTrainer(TrainerBackend):
         )
 
     @torch.no_grad()
-    def logprobs(self, batch: TrainBatch) -> Tensor:
-        """Current-policy logprobs [B, R] (float32, CPU) of this rank's response tokens."""
+    def logprobs(self, batch: TrainBatch | TrainShard) -> Tensor:
+        """Current-policy logprobs [B, R] (float32, CPU) of this rank's response tokens (a
+        ``TrainShard`` from the driver: its rows, in its order)."""
+        batch = _rows(batch)
         self.model.eval()
         width, out = batch.packed.response_ids.shape[1], []
         for start in range(0, len(batch), self.spec.micro_batch_size):
@@ -201,12 +203,13 @@ class MegatronTrainer(TrainerBackend):
 
     # ---- training ----------------------------------------------------------------------------
 
-    def train(self, batch: TrainBatch) -> dict[str, float]:
+    def train(self, batch: TrainBatch | TrainShard) -> dict[str, float]:
         """PPO epochs × mini-batches over this rank's shard; metrics averaged over DP.
 
         Raises:
             ValueError: the batch's policy version lags more than the algorithm allows.
         """
+        batch = _rows(batch)  # one rank: the shard holds every row
         lag = self.version - batch.policy_version
         if lag < 0 or lag > self.algorithm.max_off_policy_steps:
             raise ValueError(
@@ -452,18 +455,28 @@ class MegatronTrainer(TrainerBackend):
         tp, dp, pp = self.layout.coords(self.rank)
         return f"megatron_tp{tp}_pp{pp}_dp{dp}.pt"
 
-    def save(self, directory: Path) -> list[str]:
-        """Write this rank's shard (weights, AdamW, scheduler, version, RNG, layout)."""
+    def current_version(self) -> int:
+        """Optimizer steps taken (the policy version of the weights held)."""
+        return self.version
+
+    def save(
+        self, directory: Path, optimizer: bool = True, weights_dtype: str = "float32"
+    ) -> list[str]:
+        """Write this rank's shard (weights, AdamW, scheduler, version, RNG, layout).
+
+        ``optimizer=False`` (``checkpoint.save_optimizer``) leaves the AdamW state out;
+        ``weights_dtype`` (``checkpoint.weights_dtype``) is the stored dtype of the weights.
+        """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         state = {
             "layout": (self.layout.tp, self.layout.pp, self.layout.dp),
             "model": {  # tensors only (Megatron modules add ``_extra_state`` entries, None here)
-                k: v.detach().cpu()
+                k: v.detach().cpu().to(DTYPES[weights_dtype]) if v.is_floating_point() else v
                 for k, v in self.model.state_dict().items()
                 if isinstance(v, Tensor)
             },
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.optimizer.state_dict() if optimizer else {},
             "scheduler": self.scheduler.state_dict(),
             "version": self.version,
             "rng": torch.get_rng_state(),
@@ -494,7 +507,8 @@ class MegatronTrainer(TrainerBackend):
                 f"checkpoint shard does not match the model: missing {missing[:8]}, "
                 f"unexpected {result.unexpected_keys[:8]}"
             )
-        self.optimizer.load_state_dict(state["optimizer"])
+        if state["optimizer"]:  # empty: saved with checkpoint.save_optimizer=false
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])
         torch.set_rng_state(state["rng"])
@@ -502,3 +516,8 @@ class MegatronTrainer(TrainerBackend):
             if hasattr(module, "invalidate_quantized"):
                 module.invalidate_quantized()
         return self.version
+
+
+def _rows(batch: TrainBatch | TrainShard) -> TrainBatch:
+    """The rows of a driver ``TrainShard`` (one Megatron rank holds them all) or the batch."""
+    return batch.batch if isinstance(batch, TrainShard) else batch
