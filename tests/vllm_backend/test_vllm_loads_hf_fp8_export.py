@@ -12,7 +12,7 @@ import torch
 from vllm_helpers import needs_vllm
 
 from fp8rl.protocol import JobSpec
-from fp8rl.services.checkpoint import write_checkpoint
+from fp8rl.services.checkpoint import write_checkpoint, write_model_shards
 from fp8rl.services.export import export_checkpoint
 from fp8rl.workers.model.build import build_decoder
 from fp8rl.workers.model.config import PRESETS
@@ -43,8 +43,7 @@ def export(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("tiny")
     write_checkpoint(
         run_dir / "checkpoints", step=1, job=job,
-        trainer_state={"model": weights, "optimizer": {}, "scheduler": {}, "version": 1,
-                       "rng": {"torch": torch.get_rng_state(), "cuda": []}},
+        write_trainer=lambda tmp: write_model_shards(tmp, weights), policy_version=1,
         data_cursor={}, model_config=config.to_dict(), tokenizer_dir=None,
     )  # fmt: skip
     return export_checkpoint(run_dir, fmt="hf-fp8", out=run_dir / "fp8"), job
