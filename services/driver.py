@@ -101,7 +101,7 @@ def train_loop(s: Session, workers: Workers, result: RunResult) -> None:
     calibrate_kv_cache(workers, job, s.feed)
     sync(workers, reference=True)  # version 0: engines (and the reference) hold the trainer's codes
     if s.resume:  # trainer state, data cursor, RNG; the reference keeps the initial policy
-        s.checkpoints.restore(s.resume, workers.trainers, s.sampler)
+        s.checkpoints.restore(s.resume, workers.stateful, s.sampler)
         sync(workers)
     if s.reporter:
         s.reporter.started(
@@ -123,7 +123,7 @@ def train_loop(s: Session, workers: Workers, result: RunResult) -> None:
         with timer("old_logp"):
             batch.old_logp = trainer_logprobs(workers, batch, job)
         with timer("values"):
-            values = critic_values(workers, batch)
+            values = critic_values(workers, batch, job)
         mismatch = mismatch_metrics(batch.old_logp, batch.rollout_logp, batch.packed.response_mask)
         batch.advantages, returns = advantages(job, rollouts, batch, values)
         with timer("train"):
@@ -144,7 +144,7 @@ def train_loop(s: Session, workers: Workers, result: RunResult) -> None:
         result.steps_done, result.metrics = done, metrics
         if result.reward_first is None and index == 0:
             result.reward_first = metrics.get("reward/mean")
-        s.checkpoints.maybe_save(done, workers.trainers, s.sampler, healthy=verdict.healthy)
+        s.checkpoints.maybe_save(done, workers.stateful, s.sampler, healthy=verdict.healthy)
         if s.reporter:
             s.reporter.step(done, metrics)  # completed steps: 1 after the first, as everywhere
         if done < job.steps and s.stop_requested():
@@ -153,7 +153,7 @@ def train_loop(s: Session, workers: Workers, result: RunResult) -> None:
             break
     result.stopped = stopped
     healthy = health.last_healthy_step == done  # a later checkpoint never replaces the healthy one
-    s.checkpoints.finish(done, workers.trainers, s.sampler, stopped=stopped, healthy=healthy)
+    s.checkpoints.finish(done, workers.stateful, s.sampler, stopped=stopped, healthy=healthy)
 
 
 def sync(workers: Workers, *, reference: bool = False) -> int:

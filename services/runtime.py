@@ -145,7 +145,7 @@ class Workers:
     rollout: list[Any]
     reward: Any
     references: list[Any] = field(default_factory=list)
-    critic: Any | None = None
+    critics: list[Any] = field(default_factory=list)
     transport: str = "object_store"
     notes: list[str] = field(default_factory=list)
     plan: PlacementPlan | None = None
@@ -155,6 +155,11 @@ class Workers:
     def trainer(self) -> Any:
         """Trainer rank 0 (the one that sends weight updates)."""
         return self.trainers[0]
+
+    @property
+    def stateful(self) -> list[Any]:
+        """The ranks a checkpoint saves and restores: trainer ranks, then critic ranks."""
+        return [*self.trainers, *self.critics]
 
 
 @contextmanager
@@ -243,27 +248,38 @@ def launch_workers(
             )
             for index in range(job.reference.num_workers)
         ]
-    critic = None
-    if job.algorithm.advantage_estimator == "gae":
-        critic = (
+    critics = []
+    if job.algorithm.advantage_estimator == "gae":  # critic rank i beside trainer rank i
+        critics = [
             ray.remote(CriticWorker)
-            .options(**opts("critic"))
-            .remote(job.model, job.trainer, job.algorithm, device=device, seed=seed)
-        )
+            .options(**opts("critic", rank))
+            .remote(
+                job.model,
+                job.trainer,
+                job.algorithm,
+                device=device,
+                seed=seed,
+                rank=rank,
+                world_size=job.trainer.num_workers,
+            )
+            for rank in range(job.trainer.num_workers)
+        ]
     reward = ray.remote(RewardWorker).options(num_cpus=0, max_concurrency=2).remote(job.reward)
     if started is not None:  # the caller kills what was started, even if a handshake fails below
         started.extend(
-            a for a in (*trainers, *rollout, *references, critic, reward) if a is not None
+            a for a in (*trainers, *rollout, *references, *critics, reward) if a is not None
         )
-    if needs_group(job.trainer):  # join the FSDP group: rank 0's address, every rank at once
-        host, port = ray.get(trainers[0].free_address.remote())
-        ray.get([t.join.remote(f"tcp://{host}:{port}") for t in trainers])
+    if needs_group(job.trainer):  # join the FSDP groups: rank 0's address, every rank at once
+        for group in (trainers, critics):
+            if group:
+                host, port = ray.get(group[0].free_address.remote())
+                ray.get([rank.join.remote(f"tcp://{host}:{port}") for rank in group])
     workers = Workers(
         trainers=trainers,
         rollout=rollout,
         reward=reward,
         references=references,
-        critic=critic,
+        critics=critics,
         plan=plan,
         placement=placement,
     )

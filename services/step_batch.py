@@ -16,6 +16,7 @@ from fp8rl.protocol import JobSpec
 from fp8rl.services.rollout_phase import Rollouts
 from fp8rl.services.runtime import Workers
 from fp8rl.workers.algorithms import compute_advantages, kl_reward_penalty
+from fp8rl.workers.critic.worker import critic_shards
 from fp8rl.workers.trainer.batch import TrainBatch, TrainShard
 from fp8rl.workers.trainer.worker import shard_batch
 
@@ -76,11 +77,18 @@ def _pad(x: Tensor, width: int) -> Tensor:
     return torch.nn.functional.pad(x, (0, width - x.shape[1]))
 
 
-def critic_values(workers: Workers, batch: TrainBatch) -> Tensor | None:
-    """V(s_t) [B, R] from the critic (None unless the estimator is GAE)."""
-    if workers.critic is None:
+def critic_values(workers: Workers, batch: TrainBatch, job: JobSpec) -> Tensor | None:
+    """V(s_t) [B, R] from the critic ranks, each scoring its shard (None unless GAE)."""
+    if not workers.critics:
         return None
-    return ray.get(workers.critic.values.remote(batch.packed))
+    shards = critic_shards(
+        batch, ranks=len(workers.critics), micro_batch_size=job.trainer.micro_batch_size
+    )
+    parts = ray.get([c.values.remote(s) for c, s in zip(workers.critics, shards, strict=True)])
+    out = torch.zeros(batch.packed.response_ids.shape, dtype=torch.float32)
+    for shard, values in zip(shards, parts, strict=True):
+        out[shard.index, : values.shape[1]] = values
+    return out
 
 
 def advantages(
@@ -108,10 +116,16 @@ def train(
     (the trainer's are reduced across ranks; rank 0 reports them)."""
     shards = trainer_shards(batch, job)
     policy = [t.train.remote(s) for t, s in zip(workers.trainers, shards, strict=True)]
-    critic: Any = None
-    if workers.critic is not None:
-        critic = workers.critic.train.remote(batch.packed, returns, values)
-    return {**ray.get(policy)[0], **(ray.get(critic) if critic is not None else {})}
+    critic = []
+    if workers.critics:
+        shards = critic_shards(
+            batch, ranks=len(workers.critics), micro_batch_size=job.trainer.micro_batch_size
+        )
+        critic = [
+            c.train.remote(s, returns[s.index], values[s.index])
+            for c, s in zip(workers.critics, shards, strict=True)
+        ]
+    return {**ray.get(policy)[0], **(ray.get(critic)[0] if critic else {})}
 
 
 def calibrate_kv_cache(workers: Workers, job: JobSpec, feed: Any) -> None:

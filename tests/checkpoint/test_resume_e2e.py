@@ -88,20 +88,26 @@ def kill_session(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize(
+    "ranks, algorithm",
+    [(1, "grpo"), (2, "grpo"), (2, "gae")],  # gae: two sharded critic ranks are checkpointed too
+    ids=["1-rank", "2-ranks", "2-ranks-ppo-critic"],
+)
 def test_run_killed_mid_save_resumes_with_the_metrics_of_an_uninterrupted_run(
-    tmp_path, ray_address, ranks
+    tmp_path, ray_address, ranks, algorithm
 ):
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({**SPEC, "output_dir": str(tmp_path / "runs")}))
 
     torch.manual_seed(3)
-    sharding = f"trainer.num_workers={ranks}"  # ranks write their own DCP shards
-    run(load_job_spec(spec, ["name=straight", sharding]))  # the uninterrupted reference
+    # ranks write their own DCP shards
+    sharding = f"trainer.num_workers={ranks} algorithm.advantage_estimator={algorithm}"
+    run(load_job_spec(spec, ["name=straight", *sharding.split()]))  # the uninterrupted reference
     straight = tmp_path / "runs" / "straight"
 
     crashy = tmp_path / "runs" / "crashy"
-    command = [sys.executable, "-m", "fp8rl.services.driver", str(spec), "name=crashy", sharding]
+    command = [sys.executable, "-m", "fp8rl.services.driver", str(spec), "name=crashy"]
+    command += sharding.split()
     proc = subprocess.Popen(
         [*command, f"resources.ray_address={ray_address}"],
         env={**os.environ, TEST_DELAY_ENV: "2:120"},  # the save of step_2 pauses mid-write
@@ -124,13 +130,16 @@ def test_run_killed_mid_save_resumes_with_the_metrics_of_an_uninterrupted_run(
     meta, _ = read_checkpoint(root / "step_1")
     assert meta.step == 1 and meta.policy_version == 2  # 2 mini-batches per step
 
-    run(load_job_spec(spec, ["name=crashy", sharding]))  # resume: auto
+    run(load_job_spec(spec, ["name=crashy", *sharding.split()]))  # resume: auto
 
     expected, got = metrics_by_step(straight), metrics_by_step(crashy)
     assert sorted(got) == [1, 2, 3]  # steps are numbered from 1
     for step in (2, 3):  # the steps the resumed run recomputed
         assert got[step] == expected[step], f"step {step} differs after resume"
     assert expected[3]["actor/kl"] > 0 and expected[3]["actor/grad_norm"] > 0  # not a no-op
+    if algorithm == "gae":  # a critic that restarted from scratch would log other losses
+        assert expected[3]["critic/vf_loss"] > 0
+        assert (root / "step_1" / "critic" / ".metadata").is_file()
     final = {
         name: read_model_weights(d / "checkpoints" / "step_3")
         for name, d in (("straight", straight), ("crashy", crashy))

@@ -47,11 +47,15 @@ def init_group(
     return init_device_mesh(device.type, (world_size,))
 
 
-def shard_decoder(model: nn.Module, mesh: Any, *, offload: str) -> None:
+def shard_decoder(
+    model: nn.Module, mesh: Any, *, offload: str, root: nn.Module | None = None
+) -> None:
     """``fully_shard`` each decoder block, then the root (FSDP averages gradients over ranks).
 
-    ``offload=params_and_optimizer`` puts the sharded parameters (and so gradients and the
-    optimizer step) on the host through FSDP2's ``CPUOffloadPolicy``.
+    ``root``: the module whose forward the caller runs when it wraps the decoder (the critic's
+    value model); the decoder itself by default. ``offload=params_and_optimizer`` puts the
+    sharded parameters (and so gradients and the optimizer step) on the host through FSDP2's
+    ``CPUOffloadPolicy``.
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard, register_fsdp_forward_method
 
@@ -62,8 +66,40 @@ def shard_decoder(model: nn.Module, mesh: Any, *, offload: str) -> None:
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda")
     for block in model.model.layers:
         fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)
-    register_fsdp_forward_method(model, "score_responses")
+    if root is None:
+        fully_shard(model, **kwargs)
+        register_fsdp_forward_method(model, "score_responses")
+    else:
+        fully_shard(root, **kwargs)
+
+
+def full_weights(
+    spec: Any, precision: Any, *, param_dtype: torch.dtype, device: torch.device, seed: int
+) -> tuple[dict[str, Tensor], Any]:
+    """The full initial weights (HF names) of ``spec.path`` and its ``ModelSource``.
+
+    A random preset has no weights on disk: it is the seeded init an unsharded worker of the
+    same ``precision``, dtype, device and seed would build, so sharded and unsharded runs start
+    from the same bits.
+    """
+    from fp8rl.workers.common import load_model
+    from fp8rl.workers.model.loading import resolve_model
+
+    source = resolve_model(spec.path)
+    full = source.state_dict
+    if full is None:
+        unsharded = load_model(
+            spec,
+            precision,
+            role="trainer",
+            trainable=True,
+            param_dtype=param_dtype,
+            device=device,
+            seed=seed,
+            source=source,
+        )[0]
+        full = {k: v.detach() for k, v in unsharded.named_parameters()}
+    return full, source
 
 
 def load_full_weights(model: nn.Module, full: dict[str, Tensor]) -> None:
@@ -224,3 +260,14 @@ def _host_like(param: Tensor) -> Tensor:
             zeros, param.device_mesh, param.placements, shape=param.shape, stride=param.stride()
         )
     return zeros
+
+
+def free_address() -> tuple[str, int]:
+    """This node's IP (as Ray sees it) and a free TCP port: a process group's rendezvous."""
+    import socket
+
+    import ray
+
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return ray.util.get_node_ip_address(), sock.getsockname()[1]

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from fp8rl.protocol import (
@@ -37,11 +36,11 @@ from fp8rl.workers.algorithms import rl_objective
 from fp8rl.workers.common import handshake, load_model, pick_device
 from fp8rl.workers.model.build import DTYPES, cast_dense, layer_precision
 from fp8rl.workers.model.decoder import Decoder
-from fp8rl.workers.model.loading import resolve_model
 from fp8rl.workers.model.scoring import PackedBatch
 from fp8rl.workers.trainer import sharding
 from fp8rl.workers.trainer.backend import TrainerBackend
 from fp8rl.workers.trainer.batch import TrainBatch, TrainShard, plan_shards
+from fp8rl.workers.trainer.dcp_state import load_state, save_state
 from fp8rl.workers.trainer.schedule import lr_factor
 from fp8rl.workers.weight_sync.publisher import WeightPublisher
 
@@ -147,20 +146,13 @@ class TrainerWorker(TrainerBackend):
             init_method, rank=self.rank, world_size=self.world_size, device=self.device
         )
         self.sharded = True
-        source = resolve_model(spec.path)
-        full = source.state_dict
-        if full is None:  # a random preset: the seeded init of an unsharded trainer, same bits
-            unsharded = load_model(
-                spec,
-                self.precision,
-                role="trainer",
-                trainable=True,
-                param_dtype=DTYPES[trainer.master_dtype],
-                device=self.device,  # the unsharded trainer's init device: the same numbers
-                seed=self.seed,
-                source=source,
-            )[0]
-            full = {k: v.detach() for k, v in unsharded.named_parameters()}
+        full, source = sharding.full_weights(
+            spec,
+            self.precision,
+            param_dtype=DTYPES[trainer.master_dtype],
+            device=self.device,  # the unsharded trainer's init device: the same numbers
+            seed=self.seed,
+        )
         lp = layer_precision(spec, self.precision, role="trainer", trainable=True)
         with torch.device("meta"):
             model = Decoder(source.config, lp, max_positions=spec.max_model_len)
@@ -368,28 +360,18 @@ class TrainerWorker(TrainerBackend):
         Collective: every rank calls it with the same directory. Returns the paths written by
         this rank, relative to ``directory``.
         """
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
         target = Path(directory) / DCP_DIR
-        target.mkdir(parents=True, exist_ok=True)
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        if weights_dtype != "float32":
-            stored = DTYPES[weights_dtype]
-            model_state = {
-                k: v.to(stored) if v.is_floating_point() else v for k, v in model_state.items()
-            }
-        dcp.save(
-            {"model": model_state} | ({"optim": optim_state} if optimizer else {}),
-            checkpoint_id=target,
-            no_dist=not dist.is_initialized(),
+        files = save_state(
+            self.model,
+            self.optimizer,
+            target,
+            rank=self.rank,
+            optimizer_state=optimizer,
+            weights_dtype=weights_dtype,
         )
         own = target / f"rank_{self.rank}.pt"
         torch.save(self._rank_state(), own)
-        mine = sorted(p for p in target.glob(f"__{self.rank}_*") if p.is_file())
-        if self.rank == 0:
-            mine.append(target / ".metadata")
-        return [str(p.relative_to(directory)) for p in [*mine, own]]
+        return [str(p.relative_to(directory)) for p in [*files, own]]
 
     def load(self, directory: Path) -> int:
         """Restore what ``save`` wrote, whatever the rank count then; return the policy version.
@@ -397,31 +379,8 @@ class TrainerWorker(TrainerBackend):
         Raises:
             FileNotFoundError: ``directory`` has no ``trainer/`` shards (an older checkpoint).
         """
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
         source = Path(directory) / DCP_DIR
-        if not (source / ".metadata").is_file():
-            raise FileNotFoundError(f"{directory} has no trainer shards ({DCP_DIR}/.metadata)")
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        saved_keys = dcp.FileSystemReader(source).read_metadata().state_dict_metadata
-        with_optimizer = any(key.startswith("optim.") for key in saved_keys)
-        state = {"model": model_state} | ({"optim": optim_state} if with_optimizer else {})
-        dcp.load(state, checkpoint_id=source, no_dist=not dist.is_initialized())
-        if with_optimizer:
-            set_state_dict(
-                self.model,
-                self.optimizer,
-                model_state_dict=state["model"],
-                optim_state_dict=state["optim"],
-            )
-        else:
-            from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
-            set_model_state_dict(self.model, state["model"])
-            log.warning(
-                "%s has no optimizer state (save_optimizer=false): AdamW restarts", directory
-            )
+        load_state(self.model, self.optimizer, source)
         ranks = sorted(source.glob("rank_*.pt"))
         own = source / f"rank_{self.rank}.pt"
         saved = torch.load(own if own.is_file() else ranks[0], weights_only=False)
@@ -465,13 +424,7 @@ class TrainerWorker(TrainerBackend):
 
     def free_address(self) -> tuple[str, int]:
         """This node's IP and a free TCP port (rendezvous of the trainer or weight-sync group)."""
-        import socket
-
-        import ray
-
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            return ray.util.get_node_ip_address(), sock.getsockname()[1]
+        return sharding.free_address()
 
     def gpu_location(self) -> tuple[str, str | None]:
         """``(Ray node id, GPU UUID or None)`` of this rank's device (transport choice)."""
