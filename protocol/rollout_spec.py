@@ -66,6 +66,11 @@ class VLLMRollout(_RolloutCommon):
     enforce_eager: bool = False
     """Disable CUDA graphs in vLLM."""
 
+    enable_sleep_mode: bool = False
+    """Start vLLM with its sleep mode (CUDA only), so ``release_memory``/``resume_memory``
+    (``LLM.sleep(level=1)``/``wake_up``) move the weights to host memory and drop the KV cache
+    while colocated trainer ranks train on the same GPU. Not run on a GPU by fp8rl's tests."""
+
 
 class SGLangRollout(_RolloutCommon):
     """SGLang's offline ``Engine`` (block-FP8 ``quantization: fp8``, SGLang's own kernels).

@@ -117,6 +117,7 @@ def train_loop(s: Session, workers: Workers, result: RunResult) -> None:
         with timer("rollout"):
             rollouts = collect(job, s.feed, workers.rollout, workers.reward, tokenizer, step=index)
         health.check_rewards(step, rollouts.rewards)  # a NaN never reaches the update
+        workers.release_engines()  # colocated: the trainer ranks get the engines' memory
         batch = new_batch(rollouts, job, pad_id=tokenizer.pad_token_id or 0)
         with timer("ref"):
             batch.ref_logp = reference_logprobs(workers, batch)
@@ -129,6 +130,7 @@ def train_loop(s: Session, workers: Workers, result: RunResult) -> None:
         with timer("train"):
             train_metrics = train(workers, batch, job, returns=returns, values=values)
         with timer("sync"):
+            workers.resume_engines()
             version = sync(workers)
         attribution = {}
         if attribution_due(job.logging.mismatch_attribution_every, step):

@@ -157,6 +157,26 @@ class Workers:
         return self.trainers[0]
 
     @property
+    def engines_share_gpus(self) -> bool:
+        """Whether an engine holds a GPU that a trainer or critic rank trains on (colocated)."""
+        assignments = self.plan.assignments if self.plan is not None else {}
+        train = {
+            g for (r, _), gpus in assignments.items() if r in ("trainer", "critic") for g in gpus
+        }
+        return any(set(gpus) & train for (r, _), gpus in assignments.items() if r == "rollout")
+
+    def release_engines(self) -> None:
+        """Colocated engines free their memory (KV cache; weights where the backend can) for
+        the trainer ranks beside them (``RolloutBackend.release_memory``); no-op otherwise."""
+        if self.engines_share_gpus:
+            ray.get([e.release_memory.remote() for e in self.rollout])
+
+    def resume_engines(self) -> None:
+        """Undo ``release_engines`` before the weight sync and the next rollout."""
+        if self.engines_share_gpus:
+            ray.get([e.resume_memory.remote() for e in self.rollout])
+
+    @property
     def stateful(self) -> list[Any]:
         """The ranks a checkpoint saves and restores: trainer ranks, then critic ranks."""
         return [*self.trainers, *self.critics]

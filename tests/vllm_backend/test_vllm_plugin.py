@@ -149,3 +149,17 @@ def test_an_fp8_kv_cache_is_refused_before_vllm_starts():
     precision = PrecisionSpec(quant=QuantConfig(kv_cache_dtype="fp8_e4m3"))
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         VLLMRolloutWorker(ModelSpec(path="random:tiny-llama"), VLLMRollout(), precision)
+
+
+def test_sleep_mode_on_a_cpu_build_is_refused_naming_the_field():
+    from fp8rl.protocol import ModelSpec, PrecisionSpec
+    from fp8rl.protocol.rollout_spec import VLLMRollout
+    from fp8rl.workers.rollout.vllm import VLLMRolloutWorker
+
+    with pytest.raises(ValueError, match=r"rollout\.enable_sleep_mode needs vLLM on CUDA"):
+        VLLMRolloutWorker(
+            ModelSpec(path="random:tiny-llama", max_model_len=32),
+            VLLMRollout(enable_sleep_mode=True),
+            PrecisionSpec(),
+            device="cpu",
+        )

@@ -177,6 +177,8 @@ class VLLMRolloutWorker(RolloutBackend):
             raise ValueError(f"resources.device=cuda but vLLM {vllm.__version__} is a CPU build")
         if device == "cpu" and not self._platform_is_cpu():
             raise ValueError("resources.device=cpu but this vLLM build runs on CUDA")
+        if self.spec.enable_sleep_mode and self._platform_is_cpu():
+            raise ValueError("rollout.enable_sleep_mode needs vLLM on CUDA (this build is CPU)")
         (self._dir / "config.json").write_text(json.dumps(self.config.hf_config()))
         lp = self.layer_precision
         quant = hf_quantization_config(
@@ -202,6 +204,7 @@ class VLLMRolloutWorker(RolloutBackend):
             worker_extension_cls=EXTENSION,
             logprobs_mode="processed_logprobs",
             enable_prefix_caching=True,
+            enable_sleep_mode=self.spec.enable_sleep_mode,
             seed=seed,
             **extra,
         )
@@ -360,6 +363,18 @@ class VLLMRolloutWorker(RolloutBackend):
     def weight_checksums(self) -> dict[str, str]:
         """``wsum64`` of every vLLM parameter (rank 0): equal maps = bit-identical weights."""
         return self._call("fp8rl_checksums")
+
+    def release_memory(self) -> None:
+        """With ``rollout.enable_sleep_mode``: ``LLM.sleep(level=1)`` (weights to host memory,
+        KV cache dropped) while colocated trainer ranks train; otherwise nothing."""
+        if self.spec.enable_sleep_mode:
+            self.llm.sleep(level=1)
+
+    def resume_memory(self) -> None:
+        """``LLM.wake_up()``: the weights back from host memory (then the refit writes the new
+        ones), a fresh KV cache."""
+        if self.spec.enable_sleep_mode:
+            self.llm.wake_up()
 
     def close(self) -> None:
         """Release the engine and remove its config directory.

@@ -107,6 +107,13 @@ class RolloutWorker(RolloutBackend):
             generation_s=time.perf_counter() - start,
         )
 
+    def release_memory(self) -> None:
+        """Return the KV cache and CUDA-graph memory the last ``generate`` freed to the device
+        (PyTorch's caching allocator keeps it otherwise), so a trainer rank on the same GPU can
+        use it. The FP8 weights stay; the next ``generate`` allocates its cache again."""
+        if self.engine.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def init_transport(self, name: str, **kwargs: Any) -> None:
         """Receive weight updates through transport ``name`` (``nccl`` joins its process group)."""
         self.receiver.join(name, **kwargs)
