@@ -22,9 +22,9 @@ for s in ${*:-tests loop time}; do
       | grep -v "^\s*$" | tail -40 | tee "$R/megatron-gpu-tests.txt" ;;
   loop)
     timeout "${T_LOOP:-100}" python3 benchmarks/megatron_gpu_loop.py --steps "${STEPS:-3}" \
-      --exact ${EXACT:-true} --out "$R" 2>&1 | grep -v '^{' | tail -20 ;;
+      --exact ${EXACT:-true} --out "$R" 2>&1 | grep -v "^{\|Unknown MLP" | tail -20 ;;
   time)
     timeout "${T_TIME:-70}" python3 benchmarks/megatron_step_time.py cuda small-llama 32 64 192 \
-      2>&1 | tail -4 | tee "$R/megatron-step-time.txt" ;;
+      2>&1 | grep "seconds/step" | tee "$R/megatron-step-time.txt" ;;
   esac
 done

@@ -27,7 +27,7 @@ pytestmark = [
 ]
 
 COMMON = [
-    "model.path=random:tiny-llama",
+    "model.path=random:small-llama"  # tiny-llama needs the SmolLM2 package,
     "model.max_model_len=256",
     "precision.mode=unified_fp8",
     "trainer.micro_batch_size=4",
@@ -81,7 +81,7 @@ def _rollout(engine, seed: int) -> TrainBatch:
     prompts = [
         Prompt(
             prompt_id=str(i),
-            token_ids=torch.randint(3, 49152, (int(8 + 6 * i),), generator=g).tolist(),
+            token_ids=torch.randint(3, 32000, (int(8 + 6 * i),), generator=g).tolist(),
         )
         for i in range(4)
     ]

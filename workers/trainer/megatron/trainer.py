@@ -98,13 +98,16 @@ class MegatronTrainer(TrainerBackend):
             address=address,
             port=port,
         )
-        native, self.source = load_model(  # the native trainer's weights (random presets too)
+        # The native trainer's weights, built on this rank's device: a random preset then draws
+        # the same initial weights as the native trainer on that device (CPU and CUDA generators
+        # differ).
+        native, self.source = load_model(
             model,
             precision,
             role="trainer",
             trainable=True,
             param_dtype=torch.float32,
-            device=torch.device("cpu"),
+            device=self.device,
             seed=seed,
         )
         self.layer_precision = layer_precision(model, precision, role="trainer", trainable=True)
