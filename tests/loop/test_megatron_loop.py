@@ -43,10 +43,9 @@ def test_megatron_trainer_runs_grpo_with_zero_engine_mismatch_in_exact_mode(loca
         assert {"actor/pg_loss", "actor/entropy", "timing_s/train", "timing_s/sync"} <= r.keys()
 
 
-def test_multi_rank_megatron_and_fp8_kv_are_refused_by_preflight():
+def test_multi_rank_megatron_passes_preflight_and_fp8_kv_is_refused():
     job = tiny_job(
         "trainer.backend=megatron",
-        "trainer.tensor_parallel_size=2",
         "trainer.num_workers=2",
         "precision.mode=unified_fp8",
         "precision.quant.kv_cache_dtype=fp8_e4m3",
@@ -54,7 +53,7 @@ def test_multi_rank_megatron_and_fp8_kv_are_refused_by_preflight():
     with pytest.raises(SpecError) as info:
         preflight(job, local=False)
     fields = [p.split(":")[0] for p in info.value.problems]
-    assert fields[:2] == ["trainer.backend", "precision.quant.kv_cache_dtype"]
+    assert fields == ["precision.quant.kv_cache_dtype"]
 
 
 def test_preflight_names_a_tp_split_that_leaves_half_fp8_blocks():
@@ -81,3 +80,21 @@ def test_validate_prints_the_megatron_rank_layout(tmp_path):
     result = CliRunner().invoke(app, ["validate", str(spec)])
     assert result.exit_code == 0, result.output
     assert "# megatron trainer: 1 ranks = TP 1 × PP 1 × DP 1 (stage 0: ranks 0-0)" in result.output
+
+
+def test_validate_plan_shows_the_megatron_rank_layout(tmp_path):
+    from typer.testing import CliRunner
+
+    from fp8rl.services.cli import app
+
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        "model: {path: 'random:small-llama'}\n"
+        "trainer: {backend: megatron, num_workers: 8, tensor_parallel_size: 2,"
+        " pipeline_parallel_size: 2}\n"
+    )
+    result = CliRunner().invoke(app, ["validate", "--plan", str(spec)])
+    assert (
+        "# megatron trainer: 8 ranks = TP 2 × PP 2 × DP 2 (stage 0: ranks 0-3; stage 1: ranks 4-7)"
+        in result.output
+    ), result.output

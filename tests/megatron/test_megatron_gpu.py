@@ -26,8 +26,9 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
+# small-llama: tiny-llama's tokenizer comes from a package the GPU machine lacks.
 COMMON = [
-    "model.path=random:small-llama"  # tiny-llama needs the SmolLM2 package,
+    "model.path=random:small-llama",
     "model.max_model_len=256",
     "precision.mode=unified_fp8",
     "trainer.micro_batch_size=4",
