@@ -7,6 +7,7 @@ import torch
 from megatron_configs import free_port
 
 from fp8rl.protocol import parse_job_spec
+from fp8rl.services.checkpoint import _consolidate
 from fp8rl.workers.model.scoring import pack
 from fp8rl.workers.trainer.batch import TrainBatch
 from fp8rl.workers.trainer.worker import TrainerWorker
@@ -104,12 +105,19 @@ def test_grpo_steps_track_the_native_trainer_and_publish_and_resume(trainers, tm
     assert manifest(update) == manifest(expected_update) and update.version == 2
     probe = _batch(2, g, _vocab(megatron))
     saved = megatron.logprobs(probe)
-    assert megatron.save(tmp_path) == ["megatron_tp0_pp0_dp0.pt"]
+    files = megatron.save(tmp_path)
+    assert {"trainer/.metadata", "trainer/rank_0.pt"} <= set(files)
+    weights = _consolidate(tmp_path / "trainer")  # what export and read_model_weights read
+    assert sorted(weights) == sorted(native.model_weights())
     probe.old_logp = probe.rollout_logp = saved
-    megatron.train(probe)
-    assert not torch.equal(megatron.logprobs(probe), saved)
+    first = megatron.train(probe)
+    after = megatron.logprobs(probe)
+    assert not torch.equal(after, saved)
     assert megatron.load(tmp_path) == 2
     assert torch.equal(megatron.logprobs(probe), saved)
+    again = megatron.train(probe)  # AdamW moments, step counts and scheduler restored
+    assert again == first
+    assert torch.equal(megatron.logprobs(probe), after)
 
 
 def test_checkpoint_state_is_the_native_layout_in_hf_names_and_restores(trainers):

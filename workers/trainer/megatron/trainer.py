@@ -33,7 +33,7 @@ from fp8rl.protocol import AlgorithmSpec, Handshake, ModelSpec, PrecisionSpec, W
 from fp8rl.protocol.trainer_spec import MegatronTrainer as MegatronTrainerSpec
 from fp8rl.workers.algorithms import entropy_from_logits, rl_objective
 from fp8rl.workers.common import handshake, load_model, pick_device
-from fp8rl.workers.model.build import DTYPES, layer_precision
+from fp8rl.workers.model.build import layer_precision
 from fp8rl.workers.trainer.backend import TrainerBackend
 from fp8rl.workers.trainer.batch import TrainBatch, TrainShard
 from fp8rl.workers.trainer.megatron.logprobs import response_logits, vocab_parallel_logprobs
@@ -490,18 +490,12 @@ class MegatronTrainer(TrainerBackend):
 
     def state_dict(self) -> dict[str, Any]:
         """The native trainer's checkpoint layout (``TrainerWorker.state_dict``): the whole model
-        as float32 masters in HF names (gathered over TP and PP, so ``services.checkpoint``
-        writes and exports it unchanged), plus this rank's AdamW, scheduler, version and RNG."""
-        from fp8rl.workers.trainer.megatron.convert import megatron_to_hf
-        from fp8rl.workers.trainer.megatron.publish import _all_stages, _dense_masters
+        as float32 masters in HF names (gathered over TP and PP: collective), plus this rank's
+        AdamW, scheduler, version and RNG."""
+        from fp8rl.workers.trainer.megatron.checkpoint import hf_masters
 
-        with torch.no_grad():
-            masters = _all_stages(_dense_masters(self.model))
         return {
-            "model": {
-                k: v.cpu().clone()
-                for k, v in megatron_to_hf(masters, self.model.fp8rl_config).items()
-            },
+            "model": hf_masters(self.model),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "version": self.version,
@@ -517,10 +511,6 @@ class MegatronTrainer(TrainerBackend):
         self.version = int(state["version"])
         torch.set_rng_state(state["rng"]["torch"])
 
-    def _file(self) -> str:
-        tp, dp, pp = self.layout.coords(self.rank)
-        return f"megatron_tp{tp}_pp{pp}_dp{dp}.pt"
-
     def current_version(self) -> int:
         """Optimizer steps taken (the policy version of the weights held)."""
         return self.version
@@ -528,57 +518,27 @@ class MegatronTrainer(TrainerBackend):
     def save(
         self, directory: Path, optimizer: bool = True, weights_dtype: str = "float32"
     ) -> list[str]:
-        """Write this rank's shard (weights, AdamW, scheduler, version, RNG, layout).
+        """Write the native checkpoint format (``torch.distributed.checkpoint`` under
+        ``trainer/``: HF-named masters + per-shard AdamW, and ``trainer/rank_<r>.pt``; see
+        ``megatron.checkpoint``). Collective: every rank, same directory.
 
         ``optimizer=False`` (``checkpoint.save_optimizer``) leaves the AdamW state out;
         ``weights_dtype`` (``checkpoint.weights_dtype``) is the stored dtype of the weights.
+        Returns the paths this rank wrote, relative to ``directory``.
         """
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        state = {
-            "layout": (self.layout.tp, self.layout.pp, self.layout.dp),
-            "model": {  # tensors only (Megatron modules add ``_extra_state`` entries, None here)
-                k: v.detach().cpu().to(DTYPES[weights_dtype]) if v.is_floating_point() else v
-                for k, v in self.model.state_dict().items()
-                if isinstance(v, Tensor)
-            },
-            "optimizer": self.optimizer.state_dict() if optimizer else {},
-            "scheduler": self.scheduler.state_dict(),
-            "version": self.version,
-            "rng": torch.get_rng_state(),
-        }
-        name = self._file()
-        torch.save(state, directory / name)
-        return [name]
+        from fp8rl.workers.trainer.megatron import checkpoint
+
+        return checkpoint.save(
+            self, Path(directory), optimizer=optimizer, weights_dtype=weights_dtype
+        )
 
     def load(self, directory: Path) -> int:
-        """Restore ``save``'s shard; returns the policy version.
+        """Restore ``save``'s state (weights at any TP × PP × DP, AdamW at the same TP × PP);
+        returns the policy version. Collective.
 
         Raises:
-            ValueError: the checkpoint was written with another TP × PP × DP layout.
+            FileNotFoundError: no ``trainer/.metadata`` in ``directory``.
         """
-        state = torch.load(Path(directory) / self._file(), weights_only=False)
-        layout = (self.layout.tp, self.layout.pp, self.layout.dp)
-        if tuple(state["layout"]) != layout:
-            raise ValueError(
-                f"checkpoint layout TP×PP×DP {tuple(state['layout'])} != this run's {layout}; "
-                "resharding Megatron checkpoints is not supported yet"
-            )
-        result = self.model.load_state_dict(
-            {k: v.to(self.device) for k, v in state["model"].items()}, strict=False
-        )
-        missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
-        if missing or result.unexpected_keys:
-            raise ValueError(
-                f"checkpoint shard does not match the model: missing {missing[:8]}, "
-                f"unexpected {result.unexpected_keys[:8]}"
-            )
-        if state["optimizer"]:  # empty: saved with checkpoint.save_optimizer=false
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.version = int(state["version"])
-        torch.set_rng_state(state["rng"])
-        for module in self.model.modules():
-            if hasattr(module, "invalidate_quantized"):
-                module.invalidate_quantized()
-        return self.version
+        from fp8rl.workers.trainer.megatron import checkpoint
+
+        return checkpoint.load(self, Path(directory))
