@@ -2,11 +2,12 @@
 gets the driver's shard of its replica (``services.step_batch.trainer_shards``) and the step
 equals the one-rank native trainer's on the whole batch (gradients summed over DP, global loss
 denominator, metrics reduced over DP). Ranks join through ``defer`` + ``join``, as the Ray
-driver starts them."""
+driver starts them; both write one DCP checkpoint and restore it."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from megatron_configs import TP2_LLAMA, free_port, hf_state
 from safetensors.torch import save_file
 
 from fp8rl.protocol import parse_job_spec
+from fp8rl.services.checkpoint import _consolidate
 from fp8rl.workers.model.scoring import pack
 from fp8rl.workers.trainer.batch import TrainBatch
 from fp8rl.workers.trainer.worker import TrainerWorker
@@ -83,8 +85,20 @@ def _rank(rank: int, model_dir: str, port: int, batch: TrainBatch, out: str) -> 
         shards = trainer_shards(batch, job)  # the driver's shards, old_logp filled in
         metrics = trainer.train(shards[rank])
         after = trainer.logprobs(shards[rank])
+        checkpoint = Path(out).parent / "checkpoint"  # both ranks write one DCP checkpoint
+        files = trainer.save(checkpoint)
+        shards[rank].batch.policy_version = trainer.version
+        trainer.train(shards[rank])
+        restored = (trainer.load(checkpoint), trainer.logprobs(shards[rank]))
         torch.save(
-            {"metrics": metrics, "before": before, "after": after, "index": mine.index},
+            {
+                "metrics": metrics,
+                "before": before,
+                "after": after,
+                "index": mine.index,
+                "files": files,
+                "restored": restored,
+            },
             out.replace(".pt", f"{rank}.pt"),
         )
     finally:
@@ -119,3 +133,9 @@ def test_dp2_shards_train_like_the_one_rank_native_trainer(tmp_path):
         got = r["after"]
         assert (got - after[r["index"], : got.shape[1]]).abs().max() < 1e-4
     assert metrics["actor/grad_norm"] > 0
+    for rank, r in enumerate(results):  # each rank restored the checkpoint both wrote
+        assert f"trainer/rank_{rank}.pt" in r["files"]
+        version, logp = r["restored"]
+        assert version == 1 and torch.equal(logp, r["after"])
+    weights = _consolidate(tmp_path / "checkpoint" / "trainer")  # the masters, stored once
+    assert sorted(weights) == sorted(native.model_weights())
