@@ -19,7 +19,7 @@ for s in ${*:-tests loop time}; do
   tests)
     timeout "${T_TESTS:-170}" python3 -m pytest -q -p no:cacheprovider -m gpu -s \
       tests/megatron/test_megatron_gpu.py tests/megatron/test_trainer.py 2>&1 \
-      | grep -v "^\s*$" | tail -40 | tee "$R/megatron-gpu-tests.txt" ;;
+      | grep --line-buffered -v "^\s*$" | tee "$R/megatron-gpu-tests.txt" | tail -40 ;;
   loop)
     timeout "${T_LOOP:-100}" python3 benchmarks/megatron_gpu_loop.py --steps "${STEPS:-3}" \
       --exact ${EXACT:-true} --out "$R" 2>&1 | grep -v "^{\|Unknown MLP" | tail -20 ;;
