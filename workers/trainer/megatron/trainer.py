@@ -12,8 +12,12 @@ sequence-parallel norm weights all-reduced over TP, tied embeddings over the emb
 (first and last stage), everything summed over DP (the loss denominator is the DP-global one).
 The gradient norm counts TP-replicated parameters once and is all-reduced over TP × PP.
 
-Not supported yet (refused with a message): an FP8 KV cache, PP > 1 without CUDA, and loading a
-checkpoint saved with another TP × PP × DP layout.
+Data parallelism: the driver sends each rank its DP replica's ``TrainShard`` (global loss
+denominators); metrics are reduced over DP as the native trainer reduces them over its ranks.
+Checkpoints: ``megatron.checkpoint`` (DCP, the native format; weights reload at any layout).
+
+Not supported (refused with a message): an FP8 KV cache, PP > 1 or sequence parallel without
+CUDA, a plain ``TrainBatch`` with DP > 1. AdamW state reloads only at the same TP × PP.
 """
 
 from __future__ import annotations
