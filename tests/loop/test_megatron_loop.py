@@ -123,3 +123,27 @@ def test_validate_plan_shows_the_megatron_rank_layout(tmp_path):
         "# megatron trainer: 8 ranks = TP 2 × PP 2 × DP 2 (stage 0: ranks 0-3; stage 1: ranks 4-7)"
         in result.output
     ), result.output
+
+
+def test_driver_shards_megatron_batches_per_data_parallel_replica():
+    import torch
+
+    from fp8rl.services.step_batch import trainer_shards
+    from fp8rl.workers.model.scoring import pack
+    from fp8rl.workers.trainer.batch import TrainBatch
+
+    job = tiny_job(  # 8 ranks = TP 2 × PP 2 × DP 2, rank = tp + 2·(dp + 2·pp)
+        "trainer.backend=megatron",
+        "trainer.num_workers=8",
+        "trainer.tensor_parallel_size=2",
+        "trainer.pipeline_parallel_size=2",
+    )
+    packed = pack([[1, 2, 3]] * 4, [[4, 5], [6], [7, 8, 9], [1]])
+    zeros = torch.zeros(4, 3)
+    shards = trainer_shards(TrainBatch(packed, zeros, zeros, zeros, None, 0, 1.0), job)
+    rows = [sorted(s.index.tolist()) for s in shards]
+    assert len(shards) == 8 and rows[0] != rows[2]  # two replicas, different rows
+    assert sorted(rows[0] + rows[2]) == [0, 1, 2, 3]
+    for rank in range(8):  # every TP/PP rank of a replica holds that replica's rows
+        dp = (rank // 2) % 2
+        assert rows[rank] == rows[2 * dp]
