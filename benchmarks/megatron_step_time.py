@@ -1,7 +1,8 @@
 """Train-step time of the Megatron trainer vs the native trainer (same spec, same batches).
 
-Usage: ``python benchmarks/megatron_step_time.py [cpu|cuda]``. Prints one line per exact mode:
-the median seconds per ``train()`` call of steps 2-4 for each backend.
+Usage: ``python benchmarks/megatron_step_time.py [cpu|cuda] [MODEL] [ROWS] [PROMPT] [RESPONSE]``
+(defaults: ``tiny-llama``, 8 rows of 48 + 64 tokens; micro-batch = ROWS / 2). Prints one line
+per exact mode: the median seconds per ``train()`` call of steps 2-4 for each backend.
 """
 
 from __future__ import annotations
@@ -26,24 +27,31 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def main(device: str = "cpu") -> None:
-    """Time 4 steps per backend and exact mode on random:tiny-llama (8 × 112 tokens)."""
+def main(
+    device: str = "cpu",
+    model: str = "tiny-llama",
+    rows: str = "8",
+    prompt: str = "48",
+    response: str = "64",
+) -> None:
+    """Time 4 steps per backend and exact mode on ``random:MODEL`` (ROWS × (PROMPT + RESPONSE))."""
     torch.set_num_threads(1)
+    n, p, r = int(rows), int(prompt), int(response)
     for exact in ("false", "true"):
         common = [
-            "model.path=random:tiny-llama",
-            "model.max_model_len=128",
+            f"model.path=random:{model}",
+            f"model.max_model_len={p + r}",
             "precision.mode=unified_fp8",
             f"precision.exact={exact}",
-            "trainer.micro_batch_size=4",
+            f"trainer.micro_batch_size={max(n // 2, 1)}",
             "rollout.n=2",
-            "data.prompts_per_step=4",
-            "data.max_prompt_tokens=64",
-            "rollout.max_tokens=64",
+            f"data.prompts_per_step={max(n // 2, 1)}",
+            f"data.max_prompt_tokens={p}",
+            f"rollout.max_tokens={r}",
         ]
         native_job = parse_job_spec("", common)
         job = parse_job_spec("", [*common, "trainer.backend=megatron"])
-        kw = {"total_steps": 10, "batch_size": 8, "device": device}
+        kw = {"total_steps": 10, "batch_size": n, "device": device}
         trainers = {
             "native": TrainerWorker(
                 native_job.model,
@@ -57,13 +65,14 @@ def main(device: str = "cpu") -> None:
             ),
         }
         g = torch.Generator().manual_seed(0)
+        vocab = trainers["megatron"].source.config.vocab_size
         packed = pack(
-            [torch.randint(0, 49152, (48,), generator=g).tolist() for _ in range(8)],
-            [torch.randint(0, 49152, (64,), generator=g).tolist() for _ in range(8)],
+            [torch.randint(0, vocab, (p,), generator=g).tolist() for _ in range(n)],
+            [torch.randint(0, vocab, (r,), generator=g).tolist() for _ in range(n)],
         )
         times: dict[str, list[float]] = {name: [] for name in trainers}
         for step in range(4):
-            advantages = torch.randn(8, 64, generator=g)
+            advantages = torch.randn(n, r, generator=g)
             batch = TrainBatch(packed, advantages * 0, advantages * 0, advantages, None, step, 1.0)
             for name, trainer in trainers.items():
                 batch.old_logp = batch.rollout_logp = trainer.logprobs(batch)

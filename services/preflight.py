@@ -43,11 +43,6 @@ def preflight(job: JobSpec, *, local: bool) -> None:
 def unsupported(job: JobSpec) -> list[str]:
     """Options the schema accepts but this release does not implement."""
     out = []
-    if job.trainer.backend == "megatron" and job.trainer.num_workers > 1:
-        out.append(
-            f"trainer.backend: megatron runs one rank (TP = PP = DP = 1) in this release; "
-            f"{job.trainer.num_workers} ranks (TP × PP × DP) need the multi-rank trainer launch"
-        )
     if job.trainer.backend == "megatron" and job.precision.quant.kv_cache_dtype != "auto":
         out.append(
             "precision.quant.kv_cache_dtype: an FP8 KV cache is not supported with "
@@ -59,10 +54,13 @@ def unsupported(job: JobSpec) -> list[str]:
             "runs SGLang's own (same FP8 codes, different kernels): set precision.exact: false"
         )
     mini = job.trainer.mini_batch_size or job.batch_size
-    if job.trainer.num_workers > mini:
+    replicas = job.trainer.num_workers  # Megatron: only the DP replicas split a mini-batch
+    if job.trainer.backend == "megatron":
+        replicas //= job.trainer.tensor_parallel_size * job.trainer.pipeline_parallel_size
+    if replicas > mini:
         out.append(
-            f"trainer.num_workers: {job.trainer.num_workers} trainer ranks cannot split a "
-            f"mini-batch of {mini} sequences; use at most {mini} ranks or raise "
+            f"trainer.num_workers: {replicas} data-parallel trainer replicas cannot split a "
+            f"mini-batch of {mini} sequences; use at most {mini} or raise "
             "trainer.mini_batch_size"
         )
     if job.logging.mismatch_attribution_every and job.trainer.num_workers > 1:

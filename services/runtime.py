@@ -226,26 +226,8 @@ def launch_workers(
     def opts(role: str, index: int = 0) -> dict[str, Any]:
         return actor_options(plan, role, index, placement)
 
-    if job.trainer.backend == "megatron":  # one rank (preflight refuses more for now)
-        from fp8rl.workers.trainer.megatron.trainer import MegatronTrainer
-
-        trainers = [
-            ray.remote(MegatronTrainer)
-            .options(**opts("trainer"))
-            .remote(
-                job.model,
-                job.trainer,
-                job.algorithm,
-                job.precision,
-                total_steps=job.steps,
-                batch_size=job.batch_size,
-                device=device,
-                seed=seed,
-                rank=0,
-                world=1,
-                port=_free_port(),
-            )
-        ]
+    if job.trainer.backend == "megatron":
+        trainers = _megatron_ranks(job, opts)
     else:
         trainers = _trainer_ranks(job, ray.remote(TrainerWorker), opts)
     rollout = [
@@ -289,7 +271,7 @@ def launch_workers(
         started.extend(
             a for a in (*trainers, *rollout, *references, *critics, reward) if a is not None
         )
-    if needs_group(job.trainer):  # join the FSDP groups: rank 0's address, every rank at once
+    if needs_group(job.trainer):  # join the FSDP/Megatron groups: rank 0's address, all at once
         for group in (trainers, critics):
             if group:
                 host, port = ray.get(group[0].free_address.remote())
@@ -345,6 +327,35 @@ def _trainer_ranks(job: JobSpec, actor: Any, opts: Callable[[str, int], dict]) -
             seed=job.seed,
             rank=rank,
             world_size=n,
+        )
+        for rank in range(n)
+    ]
+
+
+def _megatron_ranks(job: JobSpec, opts: Callable[[str, int], dict]) -> list[Any]:
+    """``trainer.num_workers`` MegatronTrainer actors, rank r = tp + TP·(dp + DP·pp), each
+    running ``initialize_model_parallel`` in its ``join``; several ranks wait for ``join`` (rank
+    0's node address), one rank joins a local group at once."""
+    from fp8rl.workers.trainer.megatron.trainer import MegatronTrainer
+    from fp8rl.workers.trainer.worker import needs_group
+
+    n = job.trainer.num_workers
+    return [
+        ray.remote(MegatronTrainer)
+        .options(**opts("trainer", rank))
+        .remote(
+            job.model,
+            job.trainer,
+            job.algorithm,
+            job.precision,
+            total_steps=job.steps,
+            batch_size=job.batch_size,
+            device=job.resources.device,
+            seed=job.seed,
+            rank=rank,
+            world=n,
+            port=_free_port(),
+            defer=needs_group(job.trainer),
         )
         for rank in range(n)
     ]

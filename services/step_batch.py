@@ -58,19 +58,35 @@ def trainer_logprobs(workers: Workers, batch: TrainBatch, job: JobSpec) -> Tenso
     results = ray.get([t.logprobs.remote(s) for t, s in zip(workers.trainers, shards, strict=True)])
     out = torch.zeros(batch.packed.response_ids.shape, dtype=torch.float32)
     for shard, logp in zip(shards, results, strict=True):
-        out[shard.index, : logp.shape[1]] = logp
+        if logp is not None:  # None: a Megatron rank that is not on the last pipeline stage
+            out[shard.index, : logp.shape[1]] = logp
     return out
 
 
 def trainer_shards(batch: TrainBatch, job: JobSpec) -> list[TrainShard]:
-    """One token-balanced shard per trainer rank, with global loss denominators."""
-    return shard_batch(
+    """One token-balanced shard per trainer rank, with global loss denominators.
+
+    ``trainer.backend=megatron``: one shard per data-parallel replica; every TP/PP rank of a
+    replica gets its replica's shard (rank order tp-dp-pp, ``megatron.layout``).
+    """
+    t = job.trainer
+    layout = None
+    if t.backend == "megatron":
+        from fp8rl.workers.trainer.megatron.layout import ParallelLayout
+
+        layout = ParallelLayout.from_world(
+            t.num_workers, tp=t.tensor_parallel_size, pp=t.pipeline_parallel_size
+        )
+    shards = shard_batch(
         batch,
-        ranks=job.trainer.num_workers,
-        mini_batch_size=job.trainer.mini_batch_size or len(batch),
-        micro_batch_size=job.trainer.micro_batch_size,
+        ranks=t.num_workers if layout is None else layout.dp,
+        mini_batch_size=t.mini_batch_size or len(batch),
+        micro_batch_size=t.micro_batch_size,
         loss_agg=job.algorithm.loss_agg,
     )
+    if layout is None:
+        return shards
+    return [shards[layout.coords(rank)[1]] for rank in range(t.num_workers)]
 
 
 def _pad(x: Tensor, width: int) -> Tensor:

@@ -52,11 +52,17 @@ def validate(
         message = str(exc).replace("invalid job spec", f"{spec} cannot run", 1)
         raise fail(message + _advice(job, local=local)) from None
     if plan:
+        _echo_megatron_layout(job)
         typer.echo("# the plan fits")
         return
     typer.echo(yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False).rstrip())
     typer.echo(f"# precision.mode: {job.precision.mode}  exact: {job.precision.exact}")
     typer.echo(f"# quant fingerprint: {job.precision.quant.fingerprint()}")
+    _echo_megatron_layout(job)
+
+
+def _echo_megatron_layout(job) -> None:
+    """``trainer.backend=megatron``: the TP × PP × DP split of the trainer actors (one line)."""
     if job.trainer.backend == "megatron":
         from fp8rl.workers.trainer.megatron.layout import ParallelLayout
 

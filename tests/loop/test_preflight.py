@@ -18,17 +18,14 @@ def _problems(*overrides: str, local: bool = True) -> list[str]:
     return info.value.problems
 
 
-def test_megatron_with_several_ranks_or_an_fp8_kv_cache_is_refused_naming_each_field():
+def test_megatron_fp8_kv_cache_is_refused_and_several_ranks_are_not():
     problems = _problems(
         "trainer.backend=megatron",
         "trainer.num_workers=2",
         "precision.quant.kv_cache_dtype=fp8_e4m3",
         local=False,
     )
-    assert [p.split(":")[0] for p in problems] == [
-        "trainer.backend",
-        "precision.quant.kv_cache_dtype",
-    ]
+    assert [p.split(":")[0] for p in problems] == ["precision.quant.kv_cache_dtype"]
 
 
 def test_more_trainer_ranks_than_mini_batch_sequences_are_refused():
@@ -38,7 +35,21 @@ def test_more_trainer_ranks_than_mini_batch_sequences_are_refused():
         "trainer.mini_batch_size=2",
         local=False,
     )
-    assert problems[0].startswith("trainer.num_workers: 4 trainer ranks cannot split")
+    assert problems[0].startswith("trainer.num_workers: 4 data-parallel trainer replicas")
+
+
+@pytest.mark.parametrize(("tp", "refused"), [(1, True), (2, False)])
+def test_megatron_counts_only_data_parallel_replicas_against_the_mini_batch(tp, refused):
+    problems = _problems(
+        "trainer.backend=megatron",
+        "trainer.num_workers=4",
+        f"trainer.tensor_parallel_size={tp}",
+        "trainer.micro_batch_size=1",
+        "trainer.mini_batch_size=2",
+        "precision.quant.kv_cache_dtype=fp8_e4m3",  # always refused: the check raises
+        local=False,
+    )
+    assert any(p.startswith("trainer.num_workers: 4 data-parallel") for p in problems) == refused
 
 
 def test_sglang_backend_refuses_exact_mode_and_a_missing_sglang(monkeypatch):

@@ -12,12 +12,17 @@ sequence-parallel norm weights all-reduced over TP, tied embeddings over the emb
 (first and last stage), everything summed over DP (the loss denominator is the DP-global one).
 The gradient norm counts TP-replicated parameters once and is all-reduced over TP × PP.
 
-Not supported yet (refused with a message): an FP8 KV cache, PP > 1 without CUDA, and loading a
-checkpoint saved with another TP × PP × DP layout.
+Data parallelism: the driver sends each rank its DP replica's ``TrainShard`` (global loss
+denominators); metrics are reduced over DP as the native trainer reduces them over its ranks.
+Checkpoints: ``megatron.checkpoint`` (DCP, the native format; weights reload at any layout).
+
+Not supported (refused with a message): an FP8 KV cache, PP > 1 or sequence parallel without
+CUDA, a plain ``TrainBatch`` with DP > 1. AdamW state reloads only at the same TP × PP.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -30,9 +35,9 @@ from torch import Tensor
 from fp8rl.kernels.invariant import attention_mask
 from fp8rl.protocol import AlgorithmSpec, Handshake, ModelSpec, PrecisionSpec, WeightUpdate
 from fp8rl.protocol.trainer_spec import MegatronTrainer as MegatronTrainerSpec
-from fp8rl.workers.algorithms import entropy_from_logits, loss_denominator, rl_objective
+from fp8rl.workers.algorithms import entropy_from_logits, rl_objective
 from fp8rl.workers.common import handshake, load_model, pick_device
-from fp8rl.workers.model.build import DTYPES, layer_precision
+from fp8rl.workers.model.build import layer_precision
 from fp8rl.workers.trainer.backend import TrainerBackend
 from fp8rl.workers.trainer.batch import TrainBatch, TrainShard
 from fp8rl.workers.trainer.megatron.logprobs import response_logits, vocab_parallel_logprobs
@@ -52,8 +57,11 @@ class MegatronTrainer(TrainerBackend):
     Args:
         model, trainer, algorithm, precision: sub-specs (``trainer.backend == "megatron"``).
         total_steps: RL steps of the run (LR schedule). batch_size: sequences per rollout batch.
-        rank, world: this rank and ``trainer.num_workers``. address, port: rendezvous of rank 0.
+        rank, world: this rank and ``trainer.num_workers``. address, port: rendezvous of rank 0
+            (TCP store), used unless ``defer``.
         device: ``auto`` | ``cpu`` | ``cuda``. seed: initialisation seed (same on every rank).
+        defer: build nothing yet; the caller then calls ``join`` on every rank at once (the Ray
+            driver does, with rank 0's node address: ``services.runtime``).
     Raises:
         ValueError: another backend, a world size other than ``num_workers``, PP > 1 on CPU, or
             what ``build_gpt_model`` refuses (layout, FP8 KV cache).
@@ -74,6 +82,7 @@ class MegatronTrainer(TrainerBackend):
         port: int = 29500,
         device: str = "auto",
         seed: int = 0,
+        defer: bool = False,
     ) -> None:
         if trainer.backend != "megatron" or world != trainer.num_workers:
             raise ValueError(
@@ -90,22 +99,40 @@ class MegatronTrainer(TrainerBackend):
                 "tensors)"
             )
         self.spec, self.algorithm, self.precision, self.rank = trainer, algorithm, precision, rank
+        self.model_spec, self.world, self.seed = model, world, seed
+        self.total_steps, self.batch_size = total_steps, batch_size
+        self.version = 0
+        self.transports = {"object_store": make_transport("object_store")}
+        self.transport = "object_store"
+        if not defer:
+            self.join(f"tcp://{address}:{port}")
+
+    def join(self, init_method: str) -> None:
+        """Join the trainer process group at ``init_method`` (``tcp://host:port`` of rank 0; every
+        rank calls it at once), build Megatron's groups, this rank's model shard and AdamW.
+
+        Raises:
+            ValueError: what ``init_parallel`` and ``build_gpt_model`` refuse.
+        """
+        model, trainer, precision = self.model_spec, self.spec, self.precision
         self.layout = init_parallel(
-            rank=rank,
-            world=world,
+            rank=self.rank,
+            world=self.world,
             tp=trainer.tensor_parallel_size,
             pp=trainer.pipeline_parallel_size,
-            address=address,
-            port=port,
+            init_method=init_method,
         )
-        native, self.source = load_model(  # the native trainer's weights (random presets too)
+        # The native trainer's weights, built on this rank's device: a random preset then draws
+        # the same initial weights as the native trainer on that device (CPU and CUDA generators
+        # differ).
+        native, self.source = load_model(
             model,
             precision,
             role="trainer",
             trainable=True,
             param_dtype=torch.float32,
-            device=torch.device("cpu"),
-            seed=seed,
+            device=self.device,
+            seed=self.seed,
         )
         self.layer_precision = layer_precision(model, precision, role="trainer", trainable=True)
         self.model = build_gpt_model(
@@ -116,6 +143,7 @@ class MegatronTrainer(TrainerBackend):
         )
         load_hf_weights(self.model, {k: v.detach() for k, v in native.named_parameters()})
         del native
+        self.source = dataclasses.replace(self.source, state_dict=None)  # the model holds them
         self.model.to(self.device)
         self.receivers = {
             role: layer_precision(model, precision, role=role, trainable=False)
@@ -128,9 +156,9 @@ class MegatronTrainer(TrainerBackend):
             eps=trainer.eps,
             weight_decay=trainer.weight_decay,
         )
-        local_batch = math.ceil(batch_size / self.layout.dp)
-        mini = trainer.mini_batch_size or local_batch
-        total = total_steps * trainer.epochs_per_step * math.ceil(local_batch / mini)
+        # One optimizer step per (global) mini-batch, as the native trainer counts them.
+        mini = trainer.mini_batch_size or self.batch_size
+        total = self.total_steps * trainer.epochs_per_step * math.ceil(self.batch_size / mini)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lambda s: lr_factor(
@@ -141,9 +169,6 @@ class MegatronTrainer(TrainerBackend):
                 min_ratio=trainer.min_lr_ratio,
             ),
         )
-        self.version = 0
-        self.transports = {"object_store": make_transport("object_store")}
-        self.transport = "object_store"
 
     # ---- scoring -----------------------------------------------------------------------------
 
@@ -186,16 +211,34 @@ class MegatronTrainer(TrainerBackend):
         )
 
     @torch.no_grad()
-    def logprobs(self, batch: TrainBatch | TrainShard) -> Tensor:
-        """Current-policy logprobs [B, R] (float32, CPU) of this rank's response tokens (a
-        ``TrainShard`` from the driver: its rows, in its order)."""
-        batch = _rows(batch)
+    def logprobs(self, batch: TrainBatch | TrainShard) -> Tensor | None:
+        """Current-policy logprobs [B, R] (float32, CPU) of this rank's rows (a driver
+        ``TrainShard``: its rows, in its order; every rank of a DP replica gets the same shard).
+
+        With PP > 1 only the last pipeline stage has them (Megatron's forward-only schedule);
+        the other stages return None.
+        """
+        batch = self._shard(batch).batch
         self.model.eval()
-        width, out = batch.packed.response_ids.shape[1], []
-        for start in range(0, len(batch), self.spec.micro_batch_size):
-            micro = batch.select(slice(start, start + self.spec.micro_batch_size)).to(self.device)
-            logp, _ = self._score(micro, with_entropy=False)
-            out.append(torch.nn.functional.pad(logp.cpu(), (0, width - logp.shape[1])))
+        width = batch.packed.response_ids.shape[1]
+        micros = [
+            batch.select(slice(s, s + self.spec.micro_batch_size)).to(self.device)
+            for s in range(0, len(batch), self.spec.micro_batch_size)
+        ]
+        out: list[Tensor] = []
+
+        def keep(micro: TrainBatch, hidden: Tensor | None = None) -> Tensor:
+            logp, _ = self._score(micro, with_entropy=False, hidden=hidden)
+            out.append(torch.nn.functional.pad(logp.float().cpu(), (0, width - logp.shape[1])))
+            return logp.sum() * 0.0
+
+        if self.layout.pp > 1:
+            self._megatron_schedule(micros, keep, forward_only=True)
+            if not parallel_state.is_pipeline_last_stage():
+                return None
+        else:
+            for micro in micros:
+                keep(micro)
         return torch.cat(out)
 
     def calibrate_kv(self, batch: Any) -> None:
@@ -204,41 +247,61 @@ class MegatronTrainer(TrainerBackend):
     # ---- training ----------------------------------------------------------------------------
 
     def train(self, batch: TrainBatch | TrainShard) -> dict[str, float]:
-        """PPO epochs × mini-batches over this rank's shard; metrics averaged over DP.
+        """PPO epochs × mini-batches over this rank's shard (the driver's ``TrainShard``: rows of
+        this DP replica, global loss denominators); one optimizer step per mini-batch.
 
-        Raises:
-            ValueError: the batch's policy version lags more than the algorithm allows.
+        Returns metrics reduced over DP (the values a one-rank trainer reports, up to summation
+        order). Raises ``ValueError``: the batch's policy version lags more than allowed.
         """
-        batch = _rows(batch)  # one rank: the shard holds every row
-        lag = self.version - batch.policy_version
+        shard = self._shard(batch)
+        lag = self.version - shard.batch.policy_version
         if lag < 0 or lag > self.algorithm.max_off_policy_steps:
             raise ValueError(
-                f"rollout batch from policy version {batch.policy_version}, trainer is at "
+                f"rollout batch from policy version {shard.batch.policy_version}, trainer is at "
                 f"{self.version}; algorithm.max_off_policy_steps="
                 f"{self.algorithm.max_off_policy_steps} allows a lag of "
                 f"0..{self.algorithm.max_off_policy_steps}"
             )
         self.model.train()
-        mini = self.spec.mini_batch_size or len(batch)
+        micros = list(shard.micro_batches(self.spec.micro_batch_size))
         sums: dict[str, float] = {}
         count = 0
         for _ in range(self.spec.epochs_per_step):
-            for start in range(0, len(batch), mini):
-                for k, v in self._update(batch.select(slice(start, start + mini))).items():
+            for m, mini in enumerate(shard.minis):
+                # Empty micro-batches (None) pad FSDP's collectives in the native trainer; here no
+                # collective spans DP replicas before the gradient all-reduce: skip them.
+                real = [u for k, u in micros if k == m and u is not None]
+                for k, v in self._update(real, mini.denominator).items():
                     sums[k] = sums.get(k, 0.0) + v
                 count += 1
-        return self._dp_mean({k: v / count for k, v in sums.items()})
+        return {k: v / count for k, v in sums.items()}
 
-    def _update(self, mini: TrainBatch) -> dict[str, float]:
-        """One optimizer step over a mini-batch (micro-batch gradients accumulated)."""
+    def _shard(self, batch: TrainBatch | TrainShard) -> TrainShard:
+        """The driver's shard, or a whole batch as the one shard of a single DP replica.
+
+        Raises ``ValueError`` for a plain batch when DP > 1 (the driver shards over DP)."""
+        if isinstance(batch, TrainShard):
+            return batch
+        if self.layout.dp > 1:
+            raise ValueError(
+                f"with {self.layout.dp} data-parallel replicas, train/logprobs take the driver's "
+                "TrainShard of this replica (services.step_batch.trainer_shards)"
+            )
+        from fp8rl.workers.trainer.worker import shard_batch
+
+        return shard_batch(
+            batch,
+            ranks=1,
+            mini_batch_size=self.spec.mini_batch_size or len(batch),
+            micro_batch_size=self.spec.micro_batch_size,
+            loss_agg=self.algorithm.loss_agg,
+        )[0]
+
+    def _update(self, micros: list[TrainBatch], denominator: float) -> dict[str, float]:
+        """One optimizer step over this replica's micro-batches of a mini-batch (gradients
+        accumulated, then reduced over TP/PP/DP); ``denominator``: the global loss denominator."""
         self.optimizer.zero_grad(set_to_none=True)
-        denominator = self._dp_sum(
-            loss_denominator(mini.packed.response_mask, mode=self.algorithm.loss_agg)
-        )
-        micros = [
-            mini.select(slice(s, s + self.spec.micro_batch_size)).to(self.device)
-            for s in range(0, len(mini), self.spec.micro_batch_size)
-        ]
+        micros = [m.to(self.device) for m in micros]
         sums = self._forward_backward(micros, denominator)
         self._reduce_grads()
         grad_norm = self._clip_grads(self.spec.grad_clip)
@@ -248,7 +311,7 @@ class MegatronTrainer(TrainerBackend):
             if hasattr(module, "invalidate_quantized"):
                 module.invalidate_quantized()
         self.version += 1
-        out = {k: (v if k in _SUMMED else v / len(micros)) for k, v in sums.items()}
+        out = self._dp_reduce(sums, len(micros))
         out["actor/grad_norm"] = grad_norm
         out["actor/lr"] = self.scheduler.get_last_lr()[0]
         return out
@@ -281,11 +344,15 @@ class MegatronTrainer(TrainerBackend):
                 loss_of(micro).backward()
         return sums
 
-    def _megatron_schedule(self, micros: list[TrainBatch], loss_of) -> None:
+    def _megatron_schedule(
+        self, micros: list[TrainBatch], loss_of, *, forward_only: bool = False
+    ) -> None:
         """Megatron's schedule (no pipelining, or 1F1B for PP > 1) over the micro-batches.
 
-        Every micro-batch is right-padded to one length (pipeline stages exchange fixed-shape
-        activations). GPU only: written against megatron-core 0.16.1, not run in this repo's CI.
+        ``loss_of(micro, hidden)``: the scalar loss from the last stage's hidden states. Every
+        micro-batch is right-padded to one length (pipeline stages exchange fixed-shape
+        activations). CUDA only (megatron-core 0.16.1); PP = 1 ran on the H200
+        (benchmarks/results/megatron-h200.md), PP > 1 needs several GPUs and has not run.
         """
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -318,7 +385,7 @@ class MegatronTrainer(TrainerBackend):
             num_microbatches=n,
             seq_length=length,
             micro_batch_size=self.spec.micro_batch_size,
-            forward_only=False,
+            forward_only=forward_only,
         )
 
     def _reduce_grads(self) -> None:
@@ -364,20 +431,23 @@ class MegatronTrainer(TrainerBackend):
                 g.mul_(factor)
         return norm
 
-    def _dp_sum(self, value: float) -> float:
-        if self.layout.dp == 1:
-            return value
-        t = torch.tensor(value, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, group=parallel_state.get_data_parallel_group())
-        return float(t)
-
-    def _dp_mean(self, metrics: dict[str, float]) -> dict[str, float]:
-        if self.layout.dp == 1:
-            return metrics
-        keys = sorted(metrics)
-        t = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, group=parallel_state.get_data_parallel_group())
-        return {k: float(v) / self.layout.dp for k, v in zip(keys, t.tolist(), strict=True)}
+    def _dp_reduce(self, sums: dict[str, float], micro_batches: int) -> dict[str, float]:
+        """Metrics of a mini-batch over every DP replica: objective terms (computed with the
+        global denominator) add up; the others average over all real micro-batches."""
+        keys = sorted(sums)
+        values = torch.tensor(
+            [*(sums[k] for k in keys), float(micro_batches)],
+            dtype=torch.float64,
+            device=self.device,
+        )
+        if self.layout.dp > 1:
+            dist.all_reduce(values, group=parallel_state.get_data_parallel_group())
+        values = values.cpu()
+        count = max(float(values[-1]), 1.0)
+        return {
+            k: float(v) if k in _SUMMED else float(v) / count
+            for k, v in zip(keys, values[:-1], strict=True)
+        }
 
     # ---- weights -----------------------------------------------------------------------------
 
@@ -424,18 +494,12 @@ class MegatronTrainer(TrainerBackend):
 
     def state_dict(self) -> dict[str, Any]:
         """The native trainer's checkpoint layout (``TrainerWorker.state_dict``): the whole model
-        as float32 masters in HF names (gathered over TP and PP, so ``services.checkpoint``
-        writes and exports it unchanged), plus this rank's AdamW, scheduler, version and RNG."""
-        from fp8rl.workers.trainer.megatron.convert import megatron_to_hf
-        from fp8rl.workers.trainer.megatron.publish import _all_stages, _dense_masters
+        as float32 masters in HF names (gathered over TP and PP: collective), plus this rank's
+        AdamW, scheduler, version and RNG."""
+        from fp8rl.workers.trainer.megatron.checkpoint import hf_masters
 
-        with torch.no_grad():
-            masters = _all_stages(_dense_masters(self.model))
         return {
-            "model": {
-                k: v.cpu().clone()
-                for k, v in megatron_to_hf(masters, self.model.fp8rl_config).items()
-            },
+            "model": hf_masters(self.model),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "version": self.version,
@@ -451,10 +515,6 @@ class MegatronTrainer(TrainerBackend):
         self.version = int(state["version"])
         torch.set_rng_state(state["rng"]["torch"])
 
-    def _file(self) -> str:
-        tp, dp, pp = self.layout.coords(self.rank)
-        return f"megatron_tp{tp}_pp{pp}_dp{dp}.pt"
-
     def current_version(self) -> int:
         """Optimizer steps taken (the policy version of the weights held)."""
         return self.version
@@ -462,62 +522,27 @@ class MegatronTrainer(TrainerBackend):
     def save(
         self, directory: Path, optimizer: bool = True, weights_dtype: str = "float32"
     ) -> list[str]:
-        """Write this rank's shard (weights, AdamW, scheduler, version, RNG, layout).
+        """Write the native checkpoint format (``torch.distributed.checkpoint`` under
+        ``trainer/``: HF-named masters + per-shard AdamW, and ``trainer/rank_<r>.pt``; see
+        ``megatron.checkpoint``). Collective: every rank, same directory.
 
         ``optimizer=False`` (``checkpoint.save_optimizer``) leaves the AdamW state out;
         ``weights_dtype`` (``checkpoint.weights_dtype``) is the stored dtype of the weights.
+        Returns the paths this rank wrote, relative to ``directory``.
         """
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        state = {
-            "layout": (self.layout.tp, self.layout.pp, self.layout.dp),
-            "model": {  # tensors only (Megatron modules add ``_extra_state`` entries, None here)
-                k: v.detach().cpu().to(DTYPES[weights_dtype]) if v.is_floating_point() else v
-                for k, v in self.model.state_dict().items()
-                if isinstance(v, Tensor)
-            },
-            "optimizer": self.optimizer.state_dict() if optimizer else {},
-            "scheduler": self.scheduler.state_dict(),
-            "version": self.version,
-            "rng": torch.get_rng_state(),
-        }
-        name = self._file()
-        torch.save(state, directory / name)
-        return [name]
+        from fp8rl.workers.trainer.megatron import checkpoint
+
+        return checkpoint.save(
+            self, Path(directory), optimizer=optimizer, weights_dtype=weights_dtype
+        )
 
     def load(self, directory: Path) -> int:
-        """Restore ``save``'s shard; returns the policy version.
+        """Restore ``save``'s state (weights at any TP × PP × DP, AdamW at the same TP × PP);
+        returns the policy version. Collective.
 
         Raises:
-            ValueError: the checkpoint was written with another TP × PP × DP layout.
+            FileNotFoundError: no ``trainer/.metadata`` in ``directory``.
         """
-        state = torch.load(Path(directory) / self._file(), weights_only=False)
-        layout = (self.layout.tp, self.layout.pp, self.layout.dp)
-        if tuple(state["layout"]) != layout:
-            raise ValueError(
-                f"checkpoint layout TP×PP×DP {tuple(state['layout'])} != this run's {layout}; "
-                "resharding Megatron checkpoints is not supported yet"
-            )
-        result = self.model.load_state_dict(
-            {k: v.to(self.device) for k, v in state["model"].items()}, strict=False
-        )
-        missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
-        if missing or result.unexpected_keys:
-            raise ValueError(
-                f"checkpoint shard does not match the model: missing {missing[:8]}, "
-                f"unexpected {result.unexpected_keys[:8]}"
-            )
-        if state["optimizer"]:  # empty: saved with checkpoint.save_optimizer=false
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.version = int(state["version"])
-        torch.set_rng_state(state["rng"])
-        for module in self.model.modules():
-            if hasattr(module, "invalidate_quantized"):
-                module.invalidate_quantized()
-        return self.version
+        from fp8rl.workers.trainer.megatron import checkpoint
 
-
-def _rows(batch: TrainBatch | TrainShard) -> TrainBatch:
-    """The rows of a driver ``TrainShard`` (one Megatron rank holds them all) or the batch."""
-    return batch.batch if isinstance(batch, TrainShard) else batch
+        return checkpoint.load(self, Path(directory))
