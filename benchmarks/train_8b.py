@@ -91,22 +91,27 @@ def one_mode(args: argparse.Namespace) -> dict:
     )
     build_s = time.perf_counter() - t0
     data = batch(trainer.model.config.vocab_size, args.tokens, args.prompt)
+    gib = {"after_build": _allocated()}
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     data.old_logp = trainer.logprobs(data)
     logprob_s = time.perf_counter() - t0
+    gib["logprob_peak"] = _peak()
     steps = []
     for step in range(args.steps):
         data.policy_version = step
         if cuda:
             torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         metrics = trainer.train(data)
         if cuda:
             torch.cuda.synchronize()
         steps.append(time.perf_counter() - t0)
+        gib[f"train{step}_peak"] = _peak()
+        gib[f"after_train{step}"] = _allocated()
     return {
         "mode": args.mode,
         "preset": args.preset,
@@ -115,11 +120,24 @@ def one_mode(args: argparse.Namespace) -> dict:
         "build_s": round(build_s, 1),
         "logprob_s": round(logprob_s, 2),
         "step_s": [round(s, 2) for s in steps],
-        "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None,
+        "peak_gib": max(v for k, v in gib.items() if k.endswith("peak")) if cuda else None,
+        "phases_gib": gib if cuda else None,
         "reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 1) if cuda else None,
         "grad_norm": metrics["actor/grad_norm"],
         "pg_loss": metrics["actor/pg_loss"],
     }
+
+
+def _allocated() -> float | None:
+    """GiB allocated on the current CUDA device now (None on CPU)."""
+    return round(torch.cuda.memory_allocated() / 2**30, 1) if torch.cuda.is_available() else None
+
+
+def _peak() -> float | None:
+    """GiB peak allocated since the last reset (None on CPU)."""
+    if not torch.cuda.is_available():
+        return None
+    return round(torch.cuda.max_memory_allocated() / 2**30, 1)
 
 
 def main() -> int:
