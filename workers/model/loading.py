@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from fp8rl.workers.file_modes import apply_umask
 from fp8rl.workers.model.config import PRESETS, DecoderConfig, config_from_hf
 from fp8rl.workers.model.fp8_checkpoint import dequantize_if_block_fp8
 
@@ -161,6 +162,7 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
         save_file(state, tmp / "model.safetensors", metadata={"format": "pt", "source": gguf.name})
         hf_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        apply_umask(tmp)  # mkdtemp's 0700 and safetensors' 0600: the cache is shared
         os.replace(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
