@@ -245,7 +245,7 @@ def start_local_ray(
 
     ``dashboard``: run Ray's dashboard (the job-submission API of ``fp8rl serve``); the head is
     ready when it answers. Without it (``fp8rl run``'s private head: ~10 fewer processes,
-    ~0.3 GB) the head is ready when ``ray start`` has written ``<temp_dir>/ray_current_cluster``,
+    ~0.3 GB; nor the autoscaler's monitor, which has nothing to scale) the head is ready when ``ray start`` has written ``<temp_dir>/ray_current_cluster``,
     which it does after every process of the node has started; ``dashboard_url`` is then empty.
 
     Raises:
@@ -272,6 +272,8 @@ def start_local_ray(
         f"--temp-dir={temp_dir}",
         "--disable-usage-stats",
     ]
+    if not dashboard:
+        command.append("--no-monitor")  # the autoscaler's monitor: nothing to scale on one node
     if num_cpus is not None:
         command.append(f"--num-cpus={num_cpus}")
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -157,6 +157,7 @@ def test_private_head_runs_without_the_dashboard(short_tmp, monkeypatch):
         # what Ray keeps without a dashboard: one process serving usage stats only
         heads = [c for c in commands if b"dashboard/dashboard.py" in c]
         assert all(b"--modules-to-load=UsageStatsHead" in c for c in heads), heads
+        assert not [c for c in commands if b"autoscaler/_private/monitor.py" in c]
         ray.init(address=private.head.gcs_address)
         assert ray.get(ray.remote(lambda: 41 + 1).remote()) == 42
     finally:
