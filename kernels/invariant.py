@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fp8rl.kernels.dense_exact import MIN_ELEMENTS, exact_dense_linear
+
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, *, exact: bool = False) -> Tensor:
     """RMSNorm (Zhang & Sennrich 2019; Llama/Qwen convention: normalise in high precision, then
@@ -131,8 +133,12 @@ def dense_linear(
 
     x: [..., K] compute dtype; weight: [N, K] (cast to x.dtype first, so an FP32 master weight
     computes like its BF16 copy on the rollout side); returns [..., N] in x.dtype. ``exact``
-    accumulates in float64 and rounds once.
+    accumulates in float64 and rounds once; a weight of ``dense_exact.MIN_ELEMENTS`` or more
+    (a vocabulary head) is processed ``dense_exact.ROWS`` rows at a time, forward and backward,
+    so its float64 copy and gradient never exist whole.
     """
+    if exact and weight.numel() >= MIN_ELEMENTS:  # a vocabulary head: no float64 copy of it all
+        return exact_dense_linear(x, weight, bias)
     w = weight.to(x.dtype)
     b = None if bias is None else bias.to(x.dtype)
     if not exact:

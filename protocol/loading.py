@@ -44,13 +44,21 @@ def load_job_spec(path: str | Path, overrides: Iterable[str] = ()) -> JobSpec:
         text = path.read_text()
     except OSError as exc:
         raise SpecError([f"cannot read {path}: {exc.strerror or exc}"], str(path)) from None
-    return parse_job_spec(text, overrides, source=str(path))
+    return parse_job_spec(text, overrides, source=str(path), allow_empty=False)
 
 
 def parse_job_spec(
-    text: str, overrides: Iterable[str] = (), *, source: str = "job spec"
+    text: str,
+    overrides: Iterable[str] = (),
+    *,
+    source: str = "job spec",
+    allow_empty: bool = True,
 ) -> JobSpec:
-    """Like ``load_job_spec`` but from YAML text."""
+    """Like ``load_job_spec`` but from YAML text.
+
+    ``allow_empty=False`` (a spec file) refuses a document with no fields (empty, or only
+    comments): every field has a default, so it would otherwise run the defaults silently.
+    """
     try:
         data = load_yaml_bounded(text, _UniqueKeyLoader)
     except LimitError as exc:
@@ -59,13 +67,30 @@ def parse_job_spec(
         raise SpecError(
             [f"not valid YAML: {exc}".replace("<unicode string>", source)], source
         ) from None
-    if data is None:
+    if data is None or data == {}:
+        if not allow_empty:
+            raise SpecError(
+                [
+                    f"{source} has no fields (it is empty or only comments): nothing would be "
+                    "checked and every default would run; write the fields to use (start from "
+                    "deploy/jobs/quickstart.yaml)"
+                ],
+                source,
+            )
         data = {}
     if not isinstance(data, dict):
         raise SpecError([f"top level must be a mapping, got {type(data).__name__}"], source)
+    applied = []
     for item in overrides:
-        apply_override(data, item)
-    return validate_job_spec(data, source=source)
+        try:
+            apply_override(data, item)
+        except SpecError as exc:
+            lines = [
+                p if p.startswith("override ") else f"override {item!r}: {p}" for p in exc.problems
+            ]
+            raise SpecError(lines, f"override of {source}") from None
+        applied.append(item)
+    return validate_job_spec(data, source=source, overrides=applied)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -100,10 +125,15 @@ def _parse_value(raw: str) -> Any:
         return raw
 
 
-def validate_job_spec(data: dict[str, Any], *, source: str = "job spec") -> JobSpec:
+def validate_job_spec(
+    data: dict[str, Any], *, source: str = "job spec", overrides: Sequence[str] = ()
+) -> JobSpec:
     """Validate a plain dict as a JobSpec, converting pydantic errors into ``SpecError``.
 
     Data deeper than ``limits.MAX_DEPTH`` or larger than ``limits.MAX_NODES`` is refused first.
+    ``overrides``: the ``key=value`` items applied to ``data``; a problem at a field one of them
+    set names it (``(set by override 'rollout.max_tokns=5')``), and when every problem comes from
+    overrides the message says so instead of blaming ``source``.
     """
     try:
         check_data_limits(data)
@@ -112,7 +142,31 @@ def validate_job_spec(data: dict[str, Any], *, source: str = "job spec") -> JobS
     try:
         return JobSpec.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(describe_errors(exc, data, JobSpec), source) from None
+        lines = describe_errors(exc, data, JobSpec)
+        if lines and all(_override_of(line, overrides) for line in lines):
+            source = f"override of {source}"
+        raise SpecError(blame_overrides(lines, overrides), source) from None
+
+
+def blame_overrides(problems: Sequence[str], overrides: Sequence[str]) -> list[str]:
+    """``dotted.path: reason`` lines, each about a field an override set ending with
+    ``(set by override 'key=value')``; the others unchanged."""
+    out = []
+    for line in problems:
+        item = _override_of(line, overrides)
+        out.append(line if item is None else f"{line} (set by override {item!r})")
+    return out
+
+
+def _override_of(line: str, overrides: Sequence[str]) -> str | None:
+    """The last override that set the field ``line`` (``dotted.path: reason``) is about, or one
+    of its sub-fields / parents."""
+    dotted = line.split(":", 1)[0]
+    for item in reversed(overrides):
+        key = item.partition("=")[0].strip()
+        if key == dotted or key.startswith(dotted + ".") or dotted.startswith(key + "."):
+            return item
+    return None
 
 
 def apply_override(data: dict[str, Any], item: str) -> None:

@@ -105,7 +105,9 @@ class CheckpointSpec(StrictModel):
     """Save after the last step."""
 
     resume: str = "auto"
-    """``auto``: continue from the run directory's latest checkpoint if any; ``never``; or a checkpoint path."""
+    """``auto``: continue from the run directory's latest checkpoint if any; ``never``; or a
+    checkpoint path (a run directory, its ``checkpoints/`` or one ``step_<N>``). A value that is
+    neither a keyword nor an existing path is refused by ``fp8rl validate``/``run``."""
 
     allow_quant_change: bool = False
     """Resume from a checkpoint whose quant fingerprint differs from this spec's."""

@@ -54,6 +54,7 @@ from fp8rl.services.checkpoint import (
     read_meta,
     read_model_weights,
 )
+from fp8rl.workers.file_modes import apply_umask
 from fp8rl.workers.model.config import DecoderConfig
 from fp8rl.workers.model.fp8_checkpoint import (
     PARTIAL_BLOCKS_FILE,
@@ -217,6 +218,7 @@ def export_checkpoint(
             "model_path": meta.model_path,
         }
         (tmp / "fp8rl_export.json").write_text(json.dumps(provenance, indent=2) + "\n")
+        apply_umask(tmp)  # safetensors writes 0600: others (a vLLM service) must read it
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

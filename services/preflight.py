@@ -9,6 +9,7 @@ Each problem is one ``dotted.path: reason`` line (raised together as ``SpecError
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import os
 import string
@@ -94,9 +95,26 @@ def template_problems(job: JobSpec) -> list[str]:
     return []
 
 
+RESUME_KEYWORDS = ("auto", "never")
+"""The values of ``checkpoint.resume`` that are not a path."""
+
+
+def resume_problems(resume: str) -> list[str]:
+    """``checkpoint.resume`` must be a keyword or an existing path (a typo such as ``atuo`` would
+    otherwise fail only once the run starts, as a missing checkpoint)."""
+    if resume in RESUME_KEYWORDS or Path(resume).expanduser().exists():
+        return []
+    hint = difflib.get_close_matches(resume.lower(), RESUME_KEYWORDS, n=1, cutoff=0.5)
+    return [
+        f"checkpoint.resume: {resume!r} is neither {' nor '.join(RESUME_KEYWORDS)} nor an existing "
+        f"checkpoint path (relative paths are from {Path.cwd()})"
+        + (f" — did you mean {hint[0]}?" if hint else "")
+    ]
+
+
 def local_problems(job: JobSpec) -> list[str]:
     """Files, extras and reward functions on this machine."""
-    out = []
+    out = resume_problems(job.checkpoint.resume)
     kind, _, _ = job.model.path.partition(":")
     if kind not in ("builtin", "random") and not Path(job.model.path).expanduser().exists():
         out.append(

@@ -55,6 +55,8 @@ class PrivateRay:
 def start_private_ray(*, num_cpus: int | None = None) -> PrivateRay:
     """Start a head for this process and a watchdog that stops it when this process dies.
 
+    The head runs without Ray's dashboard (``start_local_ray(dashboard=False)``).
+
     The head's temp dir (``/tmp/fp8rl-ray-*``, its log ``head.log`` included) goes with it.
 
     Raises:
@@ -64,7 +66,11 @@ def start_private_ray(*, num_cpus: int | None = None) -> PrivateRay:
     # its mode at import (disabled unless set, as with ray.init("local")): make the head match.
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     temp_dir = Path(tempfile.mkdtemp(prefix="fp8rl-ray-"))
-    head = start_local_ray(temp_dir / "head.log", temp_dir=temp_dir, num_cpus=num_cpus)
+    # No dashboard: `fp8rl run` talks to the GCS only (ray.init), and the dashboard's ~10
+    # processes would cost ~0.3 GB of a small machine (jobs are submitted to `fp8rl serve`'s head).
+    head = start_local_ray(
+        temp_dir / "head.log", temp_dir=temp_dir, num_cpus=num_cpus, dashboard=False
+    )
     watchdog = subprocess.Popen(
         [
             sys.executable,

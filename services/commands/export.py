@@ -33,7 +33,11 @@ def export(
     ] = None,
 ) -> None:
     """Export a checkpoint as a Hugging Face directory (config, tokenizer, chat template,
-    safetensors). hf-fp8 holds the E4M3 codes + 128x128 scales the rollout engines ran."""
+    safetensors). hf-fp8 holds the E4M3 codes + 128x128 scales the rollout engines ran.
+
+    Exit 2 for every problem with the checkpoint named (none there, no such step, an
+    incomplete or damaged save: the message names the file; pick another --step or restore
+    it), like the other commands' user errors; 1 when writing the export fails."""
     import logging
 
     from fp8rl.services.checkpoint import CheckpointCorruptError, CheckpointError
@@ -42,10 +46,10 @@ def export(
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         path = export_checkpoint(run_dir, fmt=format.value, out=out, step=step)
-    except CheckpointCorruptError as error:  # storage, not the user's input: exit 1
-        raise fail(f"export failed: {error}", code=1) from None
-    except (CheckpointError, FileNotFoundError, ValueError) as error:
+    except (CheckpointError, CheckpointCorruptError, FileNotFoundError, ValueError) as error:
         raise fail(f"export failed: {error}") from None
+    except OSError as error:  # the export's own files (disk full, permissions)
+        raise fail(f"export failed: {error}", code=1) from None
     typer.echo(str(path))
 
 

@@ -9,6 +9,7 @@ import typer
 import yaml
 
 from fp8rl.protocol import JobSpec, SpecError
+from fp8rl.protocol.loading import blame_overrides
 from fp8rl.services.commands.common import fail, read_spec
 from fp8rl.services.preflight import preflight
 from fp8rl.services.spec_warnings import spec_warnings
@@ -49,7 +50,8 @@ def validate(
     try:
         preflight(job, local=local)
     except SpecError as exc:
-        message = str(exc).replace("invalid job spec", f"{spec} cannot run", 1)
+        lines = blame_overrides(exc.problems, overrides or [])
+        message = f"{spec} cannot run:\n" + "\n".join(f"  {line}" for line in lines)
         raise fail(message + _advice(job, local=local)) from None
     if plan:
         _echo_megatron_layout(job)

@@ -344,13 +344,13 @@ def test_verification_cost_is_paid_once_per_resume(tmp_path, monkeypatch):
     assert sorted(p.name for p in calls) == sorted([".metadata", Path(SHARD).name, STATE_FILE])
 
 
-def test_fp8rl_export_of_a_damaged_checkpoint_exits_1_naming_the_file(tmp_path):
+def test_fp8rl_export_of_a_damaged_checkpoint_exits_2_naming_the_file(tmp_path):
     from fp8rl.services.cli import app
 
     bad = save(tmp_path / "checkpoints", 1)
     flip_byte(bad)
     result = CliRunner().invoke(app, ["export", str(tmp_path), "--out", str(tmp_path / "x")])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # the person picks another step or restores the file
     assert f"{STATE_FILE} fails its checksum" in result.output and "step_1" in result.output
     assert not (tmp_path / "x").exists()
 
@@ -364,3 +364,25 @@ def test_resume_auto_with_only_damaged_checkpoints_refuses_and_changes_nothing(t
         Checkpointer(tmp_path, small_job()).resolve()
     assert "step_1" in str(error.value) and "checkpoint.resume=never" in str(error.value)
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda root: (root / "step_3").mkdir(parents=True),  # a save that never finished
+        lambda root: (
+            (root / "step_3").mkdir(parents=True)
+            or (root / "step_3" / "meta.json").write_text("{not json")
+        ),
+        lambda root: None,  # no checkpoint at all
+    ],
+    ids=["meta-missing", "meta-not-json", "nothing"],
+)
+def test_fp8rl_export_of_a_missing_or_malformed_checkpoint_exits_2(tmp_path, make):
+    from fp8rl.services.cli import app
+
+    make(tmp_path / "checkpoints")
+    result = CliRunner().invoke(app, ["export", str(tmp_path), "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2, result.output
+    assert "export failed" in result.output
+    assert not (tmp_path / "x").exists()

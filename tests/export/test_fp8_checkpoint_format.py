@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -226,3 +228,18 @@ def test_a_partial_block_member_takes_its_fused_vllm_siblings_to_bf16():
         "model.layers.1.mlp.gate_proj",
         "model.layers.1.mlp.up_proj",
     }
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_exported_files_follow_the_umask_not_safetensors_0600(tiny_run, tmp_path, umask):
+    """Another user or a service account (a vLLM server) must be able to read an export."""
+    run_dir, *_ = tiny_run
+    previous = os.umask(umask)
+    try:
+        out = export_checkpoint(run_dir, fmt="hf-fp8", out=tmp_path / "x")
+    finally:
+        os.umask(previous)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in [out, *out.rglob("*")]}
+    assert modes["model.safetensors"] == 0o666 & ~umask
+    assert modes["x"] == 0o777 & ~umask
+    assert set(modes.values()) == {0o666 & ~umask, 0o777 & ~umask}, modes

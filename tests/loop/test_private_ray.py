@@ -134,3 +134,32 @@ def test_killed_driver_leaves_no_ray_process_behind(short_tmp):
         _wait(lambda: not list(short_tmp.glob("fp8rl-ray-*")), timeout_s=10)  # its temp dir too
     finally:
         _kill_all([driver.pid, *(session_members(session) if session else [])])
+
+
+def test_private_head_runs_without_the_dashboard(short_tmp, monkeypatch):
+    """``fp8rl run``'s head talks to the driver through the GCS only: no dashboard processes
+    (~10 of them, ~0.3 GB, issue 18), yet a driver connects and runs a task."""
+    import ray
+
+    from fp8rl.services.private_ray import start_private_ray
+
+    monkeypatch.setenv("TMPDIR", str(short_tmp))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    private = start_private_ray(num_cpus=1)
+    try:
+        assert private.head.dashboard_url == ""
+        commands = []
+        for pid in session_members(private.head.pid):
+            with contextlib.suppress(OSError):
+                commands.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" "))
+        assert any(b"gcs_server" in c for c in commands), commands
+        assert not [c for c in commands if b"ray-dashboard-" in c]  # the dashboard's modules
+        # what Ray keeps without a dashboard: one process serving usage stats only
+        heads = [c for c in commands if b"dashboard/dashboard.py" in c]
+        assert all(b"--modules-to-load=UsageStatsHead" in c for c in heads), heads
+        assert not [c for c in commands if b"autoscaler/_private/monitor.py" in c]
+        ray.init(address=private.head.gcs_address)
+        assert ray.get(ray.remote(lambda: 41 + 1).remote()) == 42
+    finally:
+        ray.shutdown()
+        private.stop()

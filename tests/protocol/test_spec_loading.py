@@ -24,13 +24,17 @@ def test_shipped_job_specs_validate(repo):
 
 def test_typo_in_override_suggests_the_field():
     assert _problems(overrides=("rollout.max_tokns=5",)) == [
-        "rollout.max_tokns: unknown field — did you mean max_tokens?"
+        "rollout.max_tokns: unknown field — did you mean max_tokens? "
+        "(set by override 'rollout.max_tokns=5')"
     ]
 
 
 def test_typo_inside_list_item_names_the_index():
     problems = _problems(overrides=("eval.datasets=[{type: file, path: x, promt_key: q}]",))
-    assert problems == ["eval.datasets.0.promt_key: unknown field — did you mean prompt_key?"]
+    assert problems == [
+        "eval.datasets.0.promt_key: unknown field — did you mean prompt_key? "
+        "(set by override 'eval.datasets=[{type: file, path: x, promt_key: q}]')"
+    ]
 
 
 def test_negative_learning_rate_names_the_field():

@@ -43,6 +43,7 @@ from fp8rl.kernels.quant import QuantizedTensor
 from fp8rl.workers.model.config import DecoderConfig
 from fp8rl.workers.model.fusion import fuse_quantized_linears, still_fused
 from fp8rl.workers.model.linear import LayerPrecision, make_linear
+from fp8rl.workers.model.recompute import recomputed
 
 
 @dataclass
@@ -93,7 +94,7 @@ class RMSNorm(nn.Module):
         self.eps, self.exact = eps, exact
 
     def forward(self, x: Tensor) -> Tensor:
-        return rms_norm(x, self.weight, self.eps, exact=self.exact)
+        return recomputed(rms_norm, x, self.weight, self.eps, exact=self.exact)
 
 
 class Attention(nn.Module):
@@ -191,7 +192,7 @@ class Attention(nn.Module):
                 k = kv_dequantize(k, self.k_scale, q.dtype)
                 v = kv_dequantize(v, self.v_scale, q.dtype)
         mask = attention_mask(positions, k_len, k.shape[2])
-        out = attention(q, k, v, mask, scale=self.head_dim**-0.5, exact=self.exact)
+        out = recomputed(attention, q, k, v, mask, scale=self.head_dim**-0.5, exact=self.exact)
         return self.o_proj(out.transpose(1, 2).reshape(b, length, self.heads * self.head_dim))
 
     def _check_and_observe(self, k: Tensor, v: Tensor) -> None:
@@ -247,7 +248,8 @@ class MLP(nn.Module):
         self.fused_gate_up = None  # set by fuse(): gate/up codes as one [2I, K] FP8 weight
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x), exact=self.exact))
+        act = recomputed(silu_mul, self.gate_proj(x), self.up_proj(x), exact=self.exact)
+        return self.down_proj(act)
 
     def fuse(self) -> None:
         """Fuse the gate/up FP8 weights (inference modules only; a no-op otherwise)."""

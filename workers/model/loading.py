@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from fp8rl.workers.file_modes import apply_umask
 from fp8rl.workers.model.config import PRESETS, DecoderConfig, config_from_hf
 from fp8rl.workers.model.fp8_checkpoint import dequantize_if_block_fp8
 
@@ -161,6 +162,7 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
         save_file(state, tmp / "model.safetensors", metadata={"format": "pt", "source": gguf.name})
         hf_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        apply_umask(tmp)  # mkdtemp's 0700 and safetensors' 0600: the cache is shared
         os.replace(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -174,6 +176,27 @@ def load_tokenizer(directory: Path | None):
     """
     if directory is None:
         raise ValueError("this model has no tokenizer (random presets only work on token ids)")
+    if _tokenizer_class(Path(directory)) in PLAIN_FAST_TOKENIZERS:
+        # The class AutoTokenizer would pick, without its imports (torch._dynamo, sympy,
+        # accelerate: ~1000 modules, ~0.15 GB in the driver of a small machine).
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(directory)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(directory)
+
+
+PLAIN_FAST_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
+"""``tokenizer_class`` values that name the generic ``tokenizer.json`` tokenizer (transformers 4
+and 5 spellings): loaded as ``PreTrainedTokenizerFast``, which is that class."""
+
+
+def _tokenizer_class(directory: Path) -> str | None:
+    try:
+        config = json.loads((directory / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not (directory / "tokenizer.json").is_file() or not isinstance(config, dict):
+        return None
+    return config.get("tokenizer_class")

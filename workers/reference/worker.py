@@ -13,6 +13,7 @@ from torch import Tensor
 
 from fp8rl.protocol import Handshake, ModelSpec, PrecisionSpec, WeightUpdate
 from fp8rl.workers.common import handshake, load_model, pick_device
+from fp8rl.workers.host_memory import returns_free_memory
 from fp8rl.workers.model.build import layer_precision
 from fp8rl.workers.model.scoring import PackedBatch, response_logprobs
 from fp8rl.workers.weight_sync.receiver import WeightReceiver
@@ -21,6 +22,7 @@ from fp8rl.workers.weight_sync.receiver import WeightReceiver
 class ReferenceWorker:
     """Reference policy actor. Args: model, precision sub-specs; device; micro_batch_size."""
 
+    @returns_free_memory
     def __init__(
         self,
         model: ModelSpec,
@@ -43,6 +45,7 @@ class ReferenceWorker:
         """Quant contract report for the driver."""
         return handshake("reference", self.precision, self.layer_precision, device=self.device)
 
+    @returns_free_memory
     @torch.no_grad()
     def logprobs(self, batch: PackedBatch, *, temperature: float) -> Tensor:
         """Reference logprobs [B, R] (float32, CPU) of the batch's response tokens."""
@@ -58,6 +61,7 @@ class ReferenceWorker:
         """Receive weight updates through transport ``name`` (``nccl`` joins its process group)."""
         self.receiver.join(name, **kwargs)
 
+    @returns_free_memory
     def apply_weights(self, update: WeightUpdate, handle: Any) -> int:
         """Load the initial policy from the trainer (version 0 only: the reference never moves).
 

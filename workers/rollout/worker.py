@@ -25,6 +25,7 @@ from fp8rl.protocol import (
     WeightUpdate,
 )
 from fp8rl.workers.common import handshake, load_model, pick_device
+from fp8rl.workers.host_memory import returns_free_memory
 from fp8rl.workers.model.build import layer_precision
 from fp8rl.workers.rollout.backend import RolloutBackend
 from fp8rl.workers.rollout.engine import NativeEngine
@@ -39,6 +40,7 @@ class RolloutWorker(RolloutBackend):
         rank: index among rollout workers. seed: weight-init seed for random presets.
     """
 
+    @returns_free_memory
     def __init__(
         self,
         model: ModelSpec,
@@ -79,6 +81,7 @@ class RolloutWorker(RolloutBackend):
             "rollout", self.precision, self.layer_precision, device=self.device, rank=self.rank
         )
 
+    @returns_free_memory
     def generate(self, request: RolloutRequest) -> RolloutResult:
         """n samples per prompt with token ids, logprobs, finish reasons, version and fingerprint."""
         start = time.perf_counter()
@@ -118,6 +121,7 @@ class RolloutWorker(RolloutBackend):
         """Receive weight updates through transport ``name`` (``nccl`` joins its process group)."""
         self.receiver.join(name, **kwargs)
 
+    @returns_free_memory
     def apply_weights(self, update: WeightUpdate, handle: Any) -> int:
         """Validate and apply a weight update; return the new version.
 

@@ -34,6 +34,7 @@ from fp8rl.protocol import (
 )
 from fp8rl.workers.algorithms import rl_objective
 from fp8rl.workers.common import handshake, load_model, pick_device
+from fp8rl.workers.host_memory import release_free_memory, returns_free_memory
 from fp8rl.workers.model.build import DTYPES, cast_dense, layer_precision
 from fp8rl.workers.model.decoder import Decoder
 from fp8rl.workers.model.scoring import PackedBatch
@@ -93,6 +94,7 @@ class TrainerWorker(TrainerBackend):
         if init_method is not None or not needs_group(trainer):
             self.join(init_method)
 
+    @returns_free_memory
     def join(self, init_method: str | None) -> None:
         """Build the model and optimizer; with ``init_method``, join the trainer group and shard."""
         model, trainer, precision = self.model_spec, self.spec, self.precision
@@ -173,6 +175,7 @@ class TrainerWorker(TrainerBackend):
             "trainer", self.precision, self.layer_precision, device=self.device, rank=self.rank
         )
 
+    @returns_free_memory
     @torch.no_grad()
     def logprobs(self, batch: TrainBatch | TrainShard) -> Tensor:
         """Current-policy logprobs [B, R] (float32, CPU) of this rank's response tokens.
@@ -234,6 +237,7 @@ class TrainerWorker(TrainerBackend):
             for attn in attns:
                 attn.observe_kv = False
 
+    @returns_free_memory
     def train(self, batch: TrainBatch | TrainShard) -> dict[str, float]:
         """PPO epochs × mini-batches over this rank's shard; one optimizer step per mini-batch.
 
@@ -305,6 +309,7 @@ class TrainerWorker(TrainerBackend):
                 loss_denominator=denominator,
             )
             (loss * self.world_size).backward()  # FSDP averages over ranks; the loss is global
+            release_free_memory()  # this micro-batch's activations, before the next one's
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v
             real += 1
@@ -346,6 +351,7 @@ class TrainerWorker(TrainerBackend):
             if hasattr(module, "invalidate_quantized"):
                 module.invalidate_quantized()
 
+    @returns_free_memory
     def save(
         self, directory: Path, optimizer: bool = True, weights_dtype: str = "float32"
     ) -> list[str]:
@@ -373,6 +379,7 @@ class TrainerWorker(TrainerBackend):
         torch.save(self._rank_state(), own)
         return [str(p.relative_to(directory)) for p in [*files, own]]
 
+    @returns_free_memory
     def load(self, directory: Path) -> int:
         """Restore what ``save`` wrote, whatever the rank count then; return the policy version.
 
@@ -437,6 +444,7 @@ class TrainerWorker(TrainerBackend):
         if self.rank == 0:
             self.publisher.join(name, **kwargs)
 
+    @returns_free_memory
     @torch.no_grad()
     def publish(self, *, role: str = "rollout") -> tuple[WeightUpdate | None, Any]:
         """WeightUpdate (manifest) + transport handle of the current weights in ``role``'s layout

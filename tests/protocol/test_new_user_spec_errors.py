@@ -1,0 +1,72 @@
+"""What a new user's first mistakes print (issue 18's trial): an empty spec file, a misspelt
+``checkpoint.resume`` keyword, and override errors that must name the override, not the file."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from fp8rl.protocol import SpecError, load_job_spec, parse_job_spec
+from fp8rl.services.preflight import resume_problems
+
+
+@pytest.mark.parametrize("text", ["", "\n", "# just a comment\n\n# another\n", "{}\n"])
+def test_an_empty_or_comment_only_spec_file_is_refused_naming_the_file(tmp_path, text):
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as info:
+        load_job_spec(path, ["steps=2"])
+    assert str(path) in str(info.value)
+    assert "empty or only comments" in str(info.value)
+
+
+def test_spec_text_without_fields_stays_usable_with_overrides():
+    assert parse_job_spec("", ["steps=3"]).steps == 3  # tests and the API build specs this way
+
+
+def test_a_misspelt_resume_keyword_fails_validate_naming_the_field_and_the_keywords(repo):
+    from fp8rl.services.cli import app
+
+    spec = str(repo / "deploy" / "jobs" / "quickstart.yaml")
+    result = CliRunner().invoke(app, ["validate", spec, "checkpoint.resume=atuo"])
+    assert result.exit_code == 2, result.output
+    assert "checkpoint.resume: 'atuo' is neither auto nor never" in result.output
+    assert "did you mean auto?" in result.output
+    assert "(set by override 'checkpoint.resume=atuo')" in result.output
+
+
+def test_resume_accepts_its_keywords_and_existing_paths_only(tmp_path):
+    assert resume_problems("auto") == [] and resume_problems("never") == []
+    assert resume_problems(str(tmp_path)) == []
+    (problem,) = resume_problems(str(tmp_path / "nope"))
+    assert problem.startswith("checkpoint.resume: ") and "existing checkpoint path" in problem
+
+
+def test_override_errors_name_the_override_not_the_spec_file(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("steps: 2\n")
+    with pytest.raises(SpecError) as info:
+        load_job_spec(path, ["rollout.max_tokens=-1"])
+    assert str(info.value).startswith(f"invalid override of {path}:")
+    assert info.value.problems == [
+        "rollout.max_tokens: Input should be greater than or equal to 1 (got -1) "
+        "(set by override 'rollout.max_tokens=-1')"
+    ]
+
+
+def test_a_file_error_next_to_an_override_still_blames_the_file(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("stpes: 2\n")
+    with pytest.raises(SpecError) as info:
+        load_job_spec(path, ["rollout.max_tokens=-1"])
+    assert str(info.value).startswith(f"invalid {path}:")
+    assert "stpes: unknown field — did you mean steps?" in info.value.problems
+    assert any("(set by override 'rollout.max_tokens=-1')" in p for p in info.value.problems)
+
+
+def test_a_malformed_override_is_named(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("steps: 2\n")
+    with pytest.raises(SpecError) as info:
+        load_job_spec(path, ["steps.x=1"])
+    assert info.value.problems == ["override 'steps.x=1': steps.x: cannot set a field inside a int"]
