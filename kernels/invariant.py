@@ -16,7 +16,9 @@ deterministic per element. Masked attention keys contribute exact zeros, so a de
 KV cache of any capacity equals the trainer's causal row.
 
 The fast (``exact=False``) paths use the usual fused kernels (SDPA, BF16 GEMM, fp32 softmax) and
-are the ones to use on GPU for speed.
+are the ones to use on GPU for speed. Their RMSNorm and SiLU·mul are ``fused.rms_norm_fast`` /
+``silu_mul_fast``: on CUDA the Triton arithmetic of the rollout engine's fused norm/SwiGLU-quant
+kernels, so the trainer's FP8 FProp input has the codes the engine computed.
 """
 
 from __future__ import annotations
