@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every issue-14 GPU test and benchmark in one device call (H200), short tables last.
 #
-#   bash benchmarks/gpu_all.sh [stage ...]  # stages: tests parity tune rollout kv train checks exact
+#   bash benchmarks/gpu_all.sh [stage ...]  # stages: tests parity mismatch tune rollout kv train checks exact
 #
 # Run from the repository root (device_env.sh makes it importable as fp8rl). Results go to $OUT
 # (the device call's output folder) or benchmarks/results/run/. Each stage has its own time
@@ -23,6 +23,10 @@ for s in $STAGES; do
     stage parity
     timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu 2>&1 | tail -15 \
       | tee "$R/parity-tests.txt" ;;
+  mismatch)
+    stage mismatch
+    timeout 100 python3 benchmarks/mismatch_attribution.py --seeds 0 1 --out "$R" 2>&1 \
+      | grep -v '^{"model' | tail -40 ;;
   tune)
     stage tune
     timeout 150 python3 benchmarks/gemm_tune.py --table kernels/fp8_gemm_decode_table.json \

@@ -128,10 +128,20 @@ def main() -> None:
     parser.add_argument("--layers", type=int, help="override num_hidden_layers (e.g. 8)")
     parser.add_argument("--kv", nargs="+", default=["bf16"], choices=["bf16", "fp8"])
     parser.add_argument("--exact", action="store_true", help="precision.exact (bitwise mode)")
+    parser.add_argument(
+        "--decode-gemm",
+        action="store_true",
+        help="let the fast path run the split-K decode GEMM (off by default: breaks fast-mode "
+        "parity, see kernels/gemm_decode_triton.py)",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--tag", help="file name stem under --out (default rollout)")
     args = parser.parse_args()
+    if args.decode_gemm:
+        from fp8rl.kernels import gemm_decode_triton
+
+        gemm_decode_triton.set_enabled(True)
     cfg = PRESETS[args.preset]
     if args.layers:
         cfg = dataclasses.replace(cfg, num_hidden_layers=args.layers)
@@ -169,6 +179,7 @@ def main() -> None:
                         "mode": mode,
                         "kv": kv,
                         "exact": args.exact,
+                        "decode_gemm": args.decode_gemm,
                         "gen": args.gen,
                         "layers": cfg.num_hidden_layers,
                         "batch": batch,
@@ -201,7 +212,8 @@ def main() -> None:
         )
     header = (
         f"# Rollout throughput — {args.preset} ({cfg.num_hidden_layers} layers, random weights), "
-        f"prompt {args.prompt}, gen {args.gen}{', exact' if args.exact else ''}\n\n"
+        f"prompt {args.prompt}, gen {args.gen}{', exact' if args.exact else ''}"
+        f"{', decode GEMM on' if args.decode_gemm else ''}\n\n"
         f"{time.strftime('%Y-%m-%d')} · {torch.cuda.get_device_name() if args.device.startswith('cuda') else platform.processor()}"
         f" · torch {torch.__version__}\n\n"
         "| mode | KV | batch | CUDA graphs | prefill tok/s | decode tok/s | vs BF16 | roofline tok/s | % roofline |\n"

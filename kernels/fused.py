@@ -3,8 +3,11 @@
 ``add_rms_norm_quant`` and ``silu_mul_quant`` return what the unfused composition
 ``per_token_group_quant(rms_norm(x + delta))`` / ``per_token_group_quant(silu_mul(g, u))``
 returns, in one kernel on CUDA (``fused_triton``) and as that very composition elsewhere (the
-pure-torch reference, the CPU truth). See ``fused_triton`` for what may differ on the GPU (the
-order of the mean-square reduction). Exact mode does not use these: its norm is float64.
+pure-torch reference, the CPU truth). On the GPU the fast path's unfused ops are
+``rms_norm_fast`` / ``silu_mul_fast`` (the same kernels without the quant step), so the fused codes
+are bitwise ``per_token_group_quant`` of what the trainer's forward computes; they differ from
+the torch references only by the mean-square summation order and ``exp``'s rounding. Exact mode
+does not use any of these: its norm and SiLU are float64.
 """
 
 from __future__ import annotations
@@ -38,9 +41,7 @@ def add_rms_norm_quant_reference(
     """The unfused composition (torch ops, float32 statistics, rounding to ``x.dtype`` like
     ``invariant.rms_norm(exact=False)``). Shapes as ``add_rms_norm_quant``."""
     res = x if delta is None else x + delta
-    h = res.float()
-    normed = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    y = weight.to(x.dtype) * normed
+    y = rms_norm_reference(res, weight, eps)
     return res, per_token_group_quant_reference(y, scale_format=scale_format, check_finite=False)
 
 
@@ -116,3 +117,91 @@ def silu_mul_quant(
     if should_check_finite(check_finite, gate.device):
         raise_if_not_finite(q.scale, name="SwiGLU activation", what="a 1x128 row group")
     return q
+
+
+# ---------------------------------------------------------------------------------------------
+# The same values without the quantization, with autograd: the fast path's unfused ops on CUDA.
+
+
+def rms_norm_reference(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm with torch ops (float32 statistics, rounding to ``x.dtype``; [..., H] → [..., H])."""
+    h = x.float()
+    normed = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return weight.to(x.dtype) * normed
+
+
+class _RmsNormFast(torch.autograd.Function):
+    """Forward: the Triton kernel of the fused norm-quant (bitwise its values). Backward: the
+    gradient of the torch composition, recomputed (mathematically the same function)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        from fp8rl.kernels import fused_triton
+
+        ctx.save_for_backward(x, weight)
+        ctx.eps = eps
+        return fused_triton.rms_norm_triton(x, weight, eps)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, weight = ctx.saved_tensors
+        with torch.enable_grad():
+            x_, w_ = x.detach().requires_grad_(), weight.detach().requires_grad_()
+            y = rms_norm_reference(x_, w_, ctx.eps)
+            gx, gw = torch.autograd.grad(y, (x_, w_), grad)
+        return gx, gw, None
+
+
+class _SiluMulFast(torch.autograd.Function):
+    """Forward: the Triton kernel of the fused SwiGLU-quant (bitwise its values). Backward: the
+    gradient of ``silu(gate) * up``, recomputed with torch ops."""
+
+    @staticmethod
+    def forward(ctx, gate: Tensor, up: Tensor) -> Tensor:
+        from fp8rl.kernels import fused_triton
+
+        ctx.save_for_backward(gate, up)
+        return fused_triton.silu_mul_triton(gate, up)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        gate, up = ctx.saved_tensors
+        with torch.enable_grad():
+            g_, u_ = gate.detach().requires_grad_(), up.detach().requires_grad_()
+            y = torch.nn.functional.silu(g_) * u_
+            return torch.autograd.grad(y, (g_, u_), grad)
+
+
+def rms_norm_fast(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """Fast-mode RMSNorm whose values are bitwise what ``add_rms_norm_quant`` quantizes.
+
+    Args:
+        x: ``[..., H]`` bfloat16/float32 activations. weight: ``[H]`` gain (cast to x.dtype).
+        eps: added to the mean square.
+    Returns:
+        ``[..., H]`` in x.dtype. On CUDA with Triton: the fused norm kernel without its quant
+        step (mean square summed in float64, rounded once to float32), with autograd; elsewhere
+        ``rms_norm_reference``. So the trainer's FP8 FProp input (quantized by
+        ``per_token_group_quant``) has the codes the fused rollout path computes (Jet-RL §3).
+    """
+    if _use_triton(x):
+        return _RmsNormFast.apply(x, weight, eps)
+    return rms_norm_reference(x, weight, eps)
+
+
+def silu_mul_fast(gate: Tensor, up: Tensor) -> Tensor:
+    """Fast-mode ``silu(gate) * up`` whose values are bitwise what ``silu_mul_quant`` quantizes.
+
+    Args:
+        gate, up: ``[..., I]`` bfloat16/float32, same shape.
+    Returns:
+        ``[..., I]`` in gate's dtype: the fused kernel without its quant step on CUDA with Triton
+        (with autograd), ``F.silu(gate) * up`` elsewhere.
+    Raises:
+        ValueError: shapes differ.
+    """
+    if gate.shape != up.shape:
+        raise ValueError(f"silu_mul_fast: gate {tuple(gate.shape)} != up {tuple(up.shape)}")
+    if _use_triton(gate):
+        return _SiluMulFast.apply(gate, up)
+    return torch.nn.functional.silu(gate) * up

@@ -27,6 +27,14 @@ Design notes
   Already-quantized activations (the fused norm/SwiGLU kernels) use the kernel for
   ``MIN_DECODE_ROWS ≤ M ≤ MAX_DECODE_ROWS`` (decode at batch 64 went 0.90× → 1.12× BF16);
   beyond that cuBLASLt ``scaled_mm`` stays.
+* **Off by default: it breaks fast-mode parity** (measured on the H200, 2026-12-02,
+  ``benchmarks/mismatch_attribution.py``). The trainer's FProp (M = thousands of tokens) runs
+  cuBLASLt ``scaled_mm``, whose rows are bitwise the same at M = 32 and M = 4096; this kernel's
+  rows differ from them in ~6% of BF16 outputs (split-K and its own instruction order). With it,
+  the fast-mode token_mult_prob_error was 1.0041 (tiny-llama) / 1.0344 (small-llama); without it
+  the fused engine is bitwise the trainer (1.00000000 on both, max |Δlogp| = 0). The fast path
+  therefore dispatches here only after ``set_enabled(True)`` (speed experiments; the speed it
+  gives up is in ``benchmarks/results/issue14-h200.md``).
 """
 
 from __future__ import annotations
@@ -54,6 +62,8 @@ MAX_TABLE_ROWS = 256
 
 TABLE_PATH = Path(__file__).with_name("fp8_gemm_decode_table.json")
 _NUM_SMS = 132
+_ENABLED = [False]
+"""Whether ``fp8_gemm``/``fp8_linear`` may dispatch to this kernel (see ``set_enabled``)."""
 _LOCKS: dict[torch.device, Tensor] = {}
 _LOCK_SLOTS = 1 << 16
 
@@ -93,16 +103,31 @@ def _table() -> dict[tuple[int, int, int], tuple[DecodeConfig, dict]]:
     }
 
 
+def set_enabled(on: bool) -> bool:
+    """Let the fast path dispatch to this kernel (process-wide); returns the previous setting.
+
+    Off by default: its rows are not bitwise those of the trainer's ``scaled_mm`` FProp, so it
+    raises the fast-mode rollout/trainer mismatch (module doc). Exact mode never uses it.
+    """
+    previous, _ENABLED[0] = _ENABLED[0], bool(on)
+    return previous
+
+
 def prologue_wins(m: int, n: int, k: int) -> bool:
     """Whether the table measured the fused-prologue kernel faster than quantize + library GEMM
-    at (M bucket, N, K); False for shapes it has no row for."""
+    at (M bucket, N, K); False for shapes it has no row for, and while not ``set_enabled``."""
+    if not _ENABLED[0]:
+        return False
     hit = _table().get((m_bucket(m), n, k))
     return hit is not None and hit[1].get("prologue", False)
 
 
 def decode_wins(m: int, n: int, k: int) -> bool:
     """Whether to run the decode kernel on an already-quantized activation: the table's measured
-    ``fp8_in`` flag for (M bucket, N, K), else ``MIN_DECODE_ROWS ≤ m ≤ MAX_DECODE_ROWS``."""
+    ``fp8_in`` flag for (M bucket, N, K), else ``MIN_DECODE_ROWS ≤ m ≤ MAX_DECODE_ROWS``; False
+    while not ``set_enabled``."""
+    if not _ENABLED[0]:
+        return False
     hit = _table().get((m_bucket(m), n, k))
     if hit is not None and "fp8_in" in hit[1]:
         return hit[1]["fp8_in"] and m <= MAX_TABLE_ROWS

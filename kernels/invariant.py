@@ -16,7 +16,9 @@ deterministic per element. Masked attention keys contribute exact zeros, so a de
 KV cache of any capacity equals the trainer's causal row.
 
 The fast (``exact=False``) paths use the usual fused kernels (SDPA, BF16 GEMM, fp32 softmax) and
-are the ones to use on GPU for speed.
+are the ones to use on GPU for speed. Their RMSNorm and SiLU·mul are ``fused.rms_norm_fast`` /
+``silu_mul_fast``: on CUDA the Triton arithmetic of the rollout engine's fused norm/SwiGLU-quant
+kernels, so the trainer's FP8 FProp input has the codes the engine computed.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fp8rl.kernels.dense_exact import MIN_ELEMENTS, exact_dense_linear
+from fp8rl.kernels.fused import rms_norm_fast, silu_mul_fast
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, *, exact: bool = False) -> Tensor:
@@ -36,12 +39,15 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, *, exact: bool = False) -> T
         x: [..., H] activations in the compute dtype.
         weight: [H] gain (any float dtype; cast to the compute dtype like Hugging Face Llama).
         eps: added to the mean square.
-        exact: compute the mean square in float64 (batch-invariant after rounding).
+        exact: compute the mean square in float64 (batch-invariant after rounding). Without it,
+            ``fused.rms_norm_fast``: on CUDA the values the fused norm-quant kernel of the
+            rollout engine quantizes, bitwise (the trainer and the engine round alike).
     Returns:
         [..., H] in x.dtype.
     """
-    acc = torch.float64 if exact else torch.float32
-    h = x.to(acc)
+    if not exact:
+        return rms_norm_fast(x, weight, eps)
+    h = x.to(torch.float64)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight.to(x.dtype) * h.to(x.dtype)
 
@@ -50,9 +56,11 @@ def silu_mul(gate: Tensor, up: Tensor, *, exact: bool = False) -> Tensor:
     """SwiGLU's elementwise part ``silu(gate) * up`` ([..., I] → [..., I], dtype of ``gate``).
 
     ``exact`` evaluates in float64 so vectorised and scalar ``exp`` paths round to the same BF16.
+    Without it, ``fused.silu_mul_fast``: on CUDA the values the fused SwiGLU-quant kernel of the
+    rollout engine quantizes, bitwise.
     """
     if not exact:
-        return F.silu(gate) * up
+        return silu_mul_fast(gate, up)
     return (F.silu(gate.double()) * up.double()).to(gate.dtype)
 
 

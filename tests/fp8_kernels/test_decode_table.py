@@ -35,9 +35,23 @@ def test_measured_flags_decide_and_unmeasured_shapes_fall_back_to_the_row_range(
         (128, 512, 256): (cfg, {"prologue": False, "fp8_in": True}),
     }
     monkeypatch.setattr(dec, "_table", lambda: table)
+    assert not dec.decode_wins(100, 512, 256) and not dec.prologue_wins(12, 512, 256)  # default
+    monkeypatch.setattr(dec, "_ENABLED", [True])
     assert dec.prologue_wins(12, 512, 256) and not dec.prologue_wins(12, 1024, 256)
     assert not dec.decode_wins(16, 512, 256)  # measured slower than scaled_mm
     assert dec.decode_wins(100, 512, 256)  # measured faster, beyond the default range
     assert dec.decode_wins(32, 1024, 256) and not dec.decode_wins(8, 1024, 256)
     assert not dec.decode_wins(100, 1024, 256)
     assert dec.decode_config(16, 512, 256) == cfg
+
+
+def test_decode_gemm_is_off_by_default_for_fast_mode_parity():
+    """Its rows differ from the trainer's scaled_mm FProp (fast-mode mismatch 1.034 vs 1.000 on
+    small-llama, H200): the fast path runs it only after ``set_enabled(True)``."""
+    assert not dec.decode_wins(32, 1024, 256)
+    previous = dec.set_enabled(True)
+    try:
+        assert previous is False and dec.decode_wins(32, 1024, 256)
+    finally:
+        dec.set_enabled(previous)
+    assert not dec.decode_wins(32, 1024, 256)

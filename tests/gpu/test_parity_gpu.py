@@ -18,9 +18,11 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
-FAST_MISMATCH_BOUND = 1.05
-"""token_mult_prob_error bound for unified FP8 without exact kernels (H200, 2026-12-02: 1.004 on
-tiny-llama, 1.035 on small-llama; before the issue-14 kernels 1.003 / 1.024)."""
+FAST_MISMATCH_BEFORE = {"tiny-llama": 1.00252703, "small-llama": 1.02448287}
+"""Fast-mode (unified FP8, exact off) token_mult_prob_error before the issue-14 kernels (H200,
+2026-11-29). Issue 14's acceptance: no worse than that. With the split-K decode GEMM on, the
+fused engine measured 1.00408 / 1.03437 (worse); with the committed dispatch (decode GEMM off,
+the trainer's norm/SiLU on the fused kernels' arithmetic) 1.00000000 on both (2026-12-02)."""
 
 
 def _measure(preset: str, mode: str, exact: bool, max_tokens: int):
@@ -56,9 +58,9 @@ def test_exact_mode_engine_and_trainer_logprobs_are_bitwise_equal(preset, max_to
 
 
 @pytest.mark.parametrize(("preset", "max_tokens"), [("tiny-llama", 128), ("small-llama", 256)])
-def test_fast_unified_fp8_mismatch_stays_small(preset, max_tokens):
+def test_fast_unified_fp8_mismatch_is_no_worse_than_before_issue_14(preset, max_tokens):
     metrics = _measure(preset, "unified_fp8", False, max_tokens)
-    assert 1.0 <= metrics["token_mult_prob_error"] < FAST_MISMATCH_BOUND
+    assert 1.0 <= metrics["token_mult_prob_error"] <= FAST_MISMATCH_BEFORE[preset], metrics
 
 
 def _receive(handles, queue):
