@@ -121,10 +121,11 @@ def main() -> None:
         "|---|---|---|---|---|---|",
     ]
     for r in rows:
-        base = next(x for x in rows if x["mode"] == "bf16" and x["tokens"] == r["tokens"])
+        base = [x for x in rows if x["mode"] == "bf16" and x["tokens"] == r["tokens"]]
+        ratio = f"{base[0]['step_s'] / r['step_s']:.2f}×" if base else "—"  # no BF16 row run
         lines.append(
             f"| {r['mode']} | {r['exact']} | {r['tokens']} | {r['step_s']:.3f} | "
-            f"{base['step_s'] / r['step_s']:.2f}× | {r['peak_gib']:.1f} |"
+            f"{ratio} | {r['peak_gib']:.1f} |"
         )
     for r in rows:
         for k in r.get("top_kernels", []):
