@@ -41,9 +41,13 @@ def load_job_spec(path: str | Path, overrides: Iterable[str] = ()) -> JobSpec:
     """
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise SpecError([f"cannot read {path}: {exc.strerror or exc}"], str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(
+            [f"{path} is not UTF-8 text (byte {exc.start}): a spec is a YAML file"], str(path)
+        ) from None
     return parse_job_spec(text, overrides, source=str(path), allow_empty=False)
 
 

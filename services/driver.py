@@ -20,6 +20,7 @@ import torch
 
 from fp8rl.protocol import JobSpec, RunState, SpecError, load_job_spec
 from fp8rl.services.checkpoint import Checkpointer, checkpoint_step, latest_checkpoint
+from fp8rl.services.checkpoint_manifest import CHECKPOINTS
 from fp8rl.services.data import PromptSampler, build_dataset
 from fp8rl.services.eval_phase import Evaluator
 from fp8rl.services.health import HealthGuard
@@ -80,8 +81,9 @@ def run(job: JobSpec, *, reporter: Any = None) -> RunResult:
     """
     result = RunResult(run_dir_of(job).resolve(), job.steps)
     session = open_session(job, reporter)
-    if session is None:
+    if session is None:  # already complete: the closing lines still offer export and resume
         result.steps_done = job.steps
+        result.checkpoint = latest_checkpoint(run_dir_of(job) / CHECKPOINTS)
         return result
     try:
         session.tracker.status("starting Ray workers and loading the model")

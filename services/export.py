@@ -189,10 +189,13 @@ def export_checkpoint(
             len(partial_codes) // 2,
             PARTIAL_BLOCKS_FILE,
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as error:  # not a checkpoint problem: the target (exit 1)
+        raise OSError(f"cannot write the export to {out}: {error.strerror or error}") from None
     try:
         hf_config = {**config.hf_config(), "torch_dtype": "bfloat16"}
         if quantization is not None:

@@ -316,6 +316,8 @@ def test_fp8rl_run_shows_the_skipped_checkpoint_and_its_reason(tmp_path, caplog)
     logged = [r.getMessage() for r in caplog.records]
     assert f"skipping checkpoint {bad}: {STATE_FILE} fails its checksum" in "\n".join(logged)
     assert any("already completed 1 of 1 steps" in m for m in logged)
+    # the closing lines offer the export and the resume of the verified checkpoint
+    assert "--format hf-bf16" in result.output and "no checkpoint was written" not in result.output
 
 
 def test_resuming_from_a_named_damaged_checkpoint_exits_1_naming_the_file(tmp_path, capsys):

@@ -160,6 +160,12 @@ def test_export_errors_are_one_line_for_people(tiny_run, tmp_path):
     assert step.exit_code == 2 and "available: [1, 2]" in step.output
     bad = CliRunner().invoke(app, ["export", str(run_dir), "--format", "gguf"])
     assert bad.exit_code == 2
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")  # --out under a file: the target cannot be written (exit 1)
+    unwritable = CliRunner().invoke(app, ["export", str(run_dir), "--out", str(blocked / "e")])
+    assert unwritable.exit_code == 1 and f"cannot write the export to {blocked / 'e'}" in (
+        unwritable.output
+    )
 
 
 def test_large_exports_are_sharded_with_an_index_our_loader_reads(tiny_run, tmp_path):

@@ -70,3 +70,19 @@ def test_a_malformed_override_is_named(tmp_path):
     with pytest.raises(SpecError) as info:
         load_job_spec(path, ["steps.x=1"])
     assert info.value.problems == ["override 'steps.x=1': steps.x: cannot set a field inside a int"]
+
+
+def test_a_spec_file_that_is_not_utf8_text_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_bytes("steps: 2\n".encode("utf-16"))
+    with pytest.raises(SpecError, match="is not UTF-8 text") as info:
+        load_job_spec(path)
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "override", ["trainer.lr=inf", "rollout.temperature=inf", "trainer.lr=nan"]
+)
+def test_an_infinite_or_nan_number_is_refused_naming_the_field(override):
+    with pytest.raises(SpecError, match=override.split("=")[0].replace(".", r"\.")):
+        parse_job_spec("", [override])
