@@ -22,7 +22,6 @@ class StrictModel(BaseModel):
         validate_assignment=True,
         protected_namespaces=(),
         coerce_numbers_to_str=True,  # name=123 from an override is the string "123"
-        allow_inf_nan=False,  # trainer.lr=inf would pass validate and poison the first update
     )
 
 

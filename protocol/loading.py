@@ -9,6 +9,7 @@ problem raises ``SpecError`` whose lines read like
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import types
 import typing
@@ -144,12 +145,36 @@ def validate_job_spec(
     except LimitError as exc:
         raise SpecError([f"(document): refused, {exc}"], source) from None
     try:
-        return JobSpec.model_validate(data)
+        job = JobSpec.model_validate(data)
     except ValidationError as exc:
         lines = describe_errors(exc, data, JobSpec)
         if lines and all(_override_of(line, overrides) for line in lines):
             source = f"override of {source}"
         raise SpecError(blame_overrides(lines, overrides), source) from None
+    lines = [f"{path}: must be a finite number, got {value}" for path, value in _non_finite(job)]
+    if lines:  # trainer.lr=inf would pass and poison the first update
+        if all(_override_of(line, overrides) for line in lines):
+            source = f"override of {source}"
+        raise SpecError(blame_overrides(lines, overrides), source)
+    return job
+
+
+def _non_finite(value: Any, path: str = "") -> list[tuple[str, float]]:
+    """(dotted path, value) of every inf/nan float in a spec (messages may carry NaN on
+    purpose, e.g. a NaN reward the health guard must see; a spec never should)."""
+    if isinstance(value, BaseModel):
+        value = {name: getattr(value, name) for name in type(value).model_fields}
+    if isinstance(value, dict):
+        return [
+            hit
+            for key, item in value.items()
+            for hit in _non_finite(item, f"{path}.{key}" if path else str(key))
+        ]
+    if isinstance(value, list | tuple):
+        return [hit for i, item in enumerate(value) for hit in _non_finite(item, f"{path}.{i}")]
+    if isinstance(value, float) and not math.isfinite(value):
+        return [(path, value)]
+    return []
 
 
 def blame_overrides(problems: Sequence[str], overrides: Sequence[str]) -> list[str]:
