@@ -77,7 +77,7 @@ def test_every_split_count_gives_the_reference_and_reruns_are_bitwise(fp8):
         out = da.decode_attention(q, k, v, pos, k_len, scale=0.1, splits=splits, **scales)
         again = da.decode_attention(q, k, v, pos, k_len, scale=0.1, splits=splits, **scales)
         assert torch.equal(out, again), splits
-        assert (out.float() - ref).abs().max().item() < 1.5e-2, splits
+        torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2, msg=str(splits))
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
@@ -123,7 +123,7 @@ def test_graph_replay_reads_the_current_lengths(fp8):
         ref = da.decode_attention_reference(
             static_q, k, v, static_pos, static_len, scale=0.088, **scales
         )
-        assert (out.float() - ref.float()).abs().max().item() < 1.5e-2
+        torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.parametrize("kv_fp8", [False, True], ids=["bf16-kv", "fp8-kv"])
