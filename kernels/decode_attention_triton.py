@@ -31,7 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-NEG_INIT = -1.0e30
+NEG_INIT = tl.constexpr(-1.0e30)
 """Initial running maximum (finite, so empty splits stay NaN-free)."""
 
 
