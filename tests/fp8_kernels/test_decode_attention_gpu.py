@@ -127,10 +127,11 @@ def test_graph_replay_reads_the_current_lengths(fp8):
 
 
 @pytest.mark.parametrize("kv_fp8", [False, True], ids=["bf16-kv", "fp8-kv"])
-def test_decoder_decode_step_with_the_kernel_is_close_to_the_sdpa_step(kv_fp8):
+def test_decoder_decode_step_with_the_kernel_is_close_to_the_sdpa_step(kv_fp8, monkeypatch):
     from dataclasses import replace
 
     from fp8rl.protocol import QuantConfig
+    from fp8rl.workers.model import decoder
     from fp8rl.workers.model.build import build_decoder
     from fp8rl.workers.model.config import PRESETS
     from fp8rl.workers.model.decoder import KVCache
@@ -149,7 +150,14 @@ def test_decoder_decode_step_with_the_kernel_is_close_to_the_sdpa_step(kv_fp8):
     ids = torch.randint(0, cfg.vocab_size, (b, width), device=CUDA)
     lens = torch.tensor([40, 3, 17, 40, 1, 29], device=CUDA)
     nxt = torch.randint(0, cfg.vocab_size, (b, 1), device=CUDA)
-    outs = []
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(args[0].shape)
+        return da.decode_attention(*args, **kwargs)
+
+    monkeypatch.setattr(decoder, "decode_attention", spy)
+    outs, counts = [], []
     with torch.inference_mode():
         for on in (True, False):
             previous = da.set_enabled(on)
@@ -158,7 +166,9 @@ def test_decoder_decode_step_with_the_kernel_is_close_to_the_sdpa_step(kv_fp8):
             )
             model(ids, torch.arange(width, device=CUDA).expand(b, width), lens, cache)
             outs.append(model(nxt, lens[:, None], lens + 1, cache, kv_limit=128).float())
+            counts.append(len(calls))
             da.set_enabled(previous)
     kernel, sdpa = outs
     rel = ((kernel - sdpa).norm() / sdpa.norm()).item()
-    assert 0 < rel < 2e-2, rel  # > 0: the kernel did run (it rounds differently from SDPA)
+    assert counts == [2, 2], counts  # the decode step of each layer, not the prefill; not when off
+    assert rel < 2e-2, rel
