@@ -7,7 +7,7 @@ source benchmarks/device_env.sh || exit 1
 R=${OUT:-benchmarks/results/run}; T=/tmp/h14a-out; mkdir -p "$R" "$T"  # $OUT: at most 8 files
 export OMP_NUM_THREADS=4 TRITON_PRINT_AUTOTUNING=0
 echo "=== attn tests $(date -u +%T)"
-timeout 90 python3 -m pytest -q -p no:cacheprovider -x tests/fp8_kernels/test_decode_attention_gpu.py \
+timeout 90 python3 -m pytest -q -p no:cacheprovider -x -m gpu tests/fp8_kernels/test_decode_attention_gpu.py \
   tests/fp8_kernels/test_decode_attention.py 2>&1 | tail -12 | tee "$R/attn-tests.txt"
 grep -q " passed" "$R/attn-tests.txt" && ! grep -q "failed\|error" "$R/attn-tests.txt" \
   || { echo "decode attention tests failed: no benchmarks"; exit 1; }
