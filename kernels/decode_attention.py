@@ -18,6 +18,16 @@ cache every step, build a ``[B, 1, Lq, capacity]`` mask and run cuDNN SDPA over 
 
 ``decode_attention_reference`` is the float64 truth (CPU tests, GPU tests) and the CPU path.
 ``set_enabled`` switches the decoder's dispatch (``use_decode_attention``) process-wide.
+
+**Off by default: faster, but it breaks fast-mode parity** (H200, 2026-12-02,
+``benchmarks/results/issue14/decode-attention-h200.md``). Llama-3.1-8B decode at gen 512 went
+5,885 → 6,570 tok/s (BF16, batch 64) and 13,839 → 17,227 (batch 256); the kernel reads a BF16
+cache at 74–98 % of HBM bandwidth, 1.3–2.2× the SDPA path, and an FP8 cache 9–18× faster than
+dequantize + SDPA. But the engine's logprobs then round differently from the trainer's SDPA
+forward: the fast-mode token_mult_prob_error went from 1.00000000 to 1.00255701 (tiny-llama,
+bound 1.00252703) and 1.02872759 (small-llama, bound 1.02448287), over the issue's "no worse
+than before" bounds of ``tests/gpu/test_parity_gpu.py``. ``set_enabled(True)`` (or
+``benchmarks/rollout.py --decode-attn on``) trades that mismatch for the speed.
 """
 
 from __future__ import annotations
@@ -35,18 +45,19 @@ DISPATCH_MAX_LQ = 1
 """Longest query chunk the decoder dispatches here: decode steps only (prefill stays on SDPA)."""
 BLOCK_N = 64
 """Keys per tile."""
-MIN_SPLIT_KEYS = 256
-"""Fewest cache positions one split covers (shorter splits cost more in the reduce than they
-save in load balance)."""
-TARGET_PROGRAMS = 4 * 132
-"""Aim for about this many programs (4 per H200 SM) when the sequences × KV heads are fewer."""
-_ENABLED = [True]
+MIN_SPLIT_KEYS = 1024
+"""Fewest cache positions one split covers. H200 sweep (batch 64, Llama-3.1-8B heads, BF16 and
+FP8 caches): 448 keys fastest unsplit, 2,176 keys with 2–4 splits, 4,160 keys with 4–8."""
+TARGET_PROGRAMS = 16 * 132
+"""Split until about this many programs (16 per H200 SM) run, within ``MIN_SPLIT_KEYS``."""
+_ENABLED = [False]
 """Whether the decoder's fast path dispatches decode steps here (see ``set_enabled``)."""
 
 
 def set_enabled(on: bool) -> bool:
     """Let the fast path's decode steps run ``decode_attention`` (process-wide); returns the
-    previous setting. Off: the whole cache is dequantized and attended with SDPA as before."""
+    previous setting. Off (the default, module doc: fast-mode parity): the whole cache is
+    dequantized and attended with SDPA. Exact mode never uses the kernel."""
     previous, _ENABLED[0] = _ENABLED[0], bool(on)
     return previous
 

@@ -13,9 +13,12 @@ import pytest
 import torch
 
 from fp8rl.kernels.decode_attention import (
+    TARGET_PROGRAMS,
     decode_attention,
     decode_attention_reference,
+    enabled,
     num_splits,
+    set_enabled,
     use_decode_attention,
 )
 from fp8rl.kernels.invariant import attention, attention_mask
@@ -71,23 +74,30 @@ def test_an_fp8_cache_without_scales_is_refused():
         decode_attention(q, kv_quantize(k, torch.tensor(1.0)), v, pos, k_len, scale=0.2)
 
 
+def test_dispatch_is_off_by_default_for_fast_mode_parity():
+    assert not enabled()
+
+
 def test_dispatch_is_off_on_cpu_in_exact_mode_and_for_prefill_chunks():
     q = torch.zeros(2, 8, 1, 64, dtype=torch.bfloat16)
-    assert not use_decode_attention(q, 2, exact=False)  # CPU
-    if torch.cuda.is_available():
-        with torch.no_grad():
-            assert use_decode_attention(q.cuda(), 2, exact=False)
-            assert not use_decode_attention(q.cuda(), 2, exact=True)
-            assert not use_decode_attention(
-                torch.zeros_like(q).expand(2, 8, 16, 64).cuda(), 2, exact=False
-            )
+    previous = set_enabled(True)
+    try:
+        assert not use_decode_attention(q, 2, exact=False)  # CPU
+        if torch.cuda.is_available():
+            with torch.no_grad():
+                assert use_decode_attention(q.cuda(), 2, exact=False)
+                assert not use_decode_attention(q.cuda(), 2, exact=True)
+                prefill = torch.zeros(2, 8, 16, 64, dtype=torch.bfloat16, device="cuda")
+                assert not use_decode_attention(prefill, 2, exact=False)
+    finally:
+        set_enabled(previous)
 
 
 def test_split_count_depends_on_shapes_only_and_keeps_splits_long():
-    assert num_splits(256, 8, 640) == 1  # enough programs already
-    assert num_splits(1, 8, 4096) == 16  # 4096 / 256 keys
-    assert num_splits(64, 8, 4224) == 2
-    assert num_splits(4, 1, 100) == 1
+    assert num_splits(64, 8, 448) == 1  # short contexts: one split (fastest on the H200)
+    assert num_splits(64, 8, 4224) == 5  # ≤ 1024 keys per split
+    assert num_splits(256, 8, 4224) == 2  # enough programs already
+    assert num_splits(1, 1, 10**7) == TARGET_PROGRAMS  # at most TARGET_PROGRAMS programs
 
 
 INTERPRETED = textwrap.dedent(
