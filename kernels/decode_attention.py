@@ -207,6 +207,7 @@ def _launch(q, k_cache, v_cache, positions, k_len, scale, k_scale, v_scale, spli
         scale * math.log2(math.e),
         split_len,
         n_split,
+        capacity,
         q.stride(0),
         q.stride(1),
         q.stride(2),

@@ -10,9 +10,10 @@ Design notes
   (``groups × Lq`` rows padded to ``BLOCK_M`` ≥ 16), so each K/V tile is read from HBM once for
   the whole group. Row ``r`` is query head ``hk·groups + r // Lq`` at step position ``r % Lq``.
 * **Only the valid keys.** The program of split ``s`` covers keys
-  ``[s·split_len, min((s+1)·split_len, k_len[b]))``; ``k_len`` is read from device memory, so a
-  captured CUDA graph replays with the lengths of the moment. Key ``j`` is visible to a query at
-  position ``p`` iff ``j ≤ p`` and ``j < k_len`` (``invariant.attention_mask``).
+  ``[s·split_len, min((s+1)·split_len, k_len[b], capacity))``; ``k_len`` is read from device
+  memory, so a captured CUDA graph replays with the lengths of the moment, and ``capacity`` (the
+  cache view's length) keeps a too-large ``k_len`` inside the view. Key ``j`` is visible to a
+  query at position ``p`` iff ``j ≤ p`` and ``j < k_len`` (``invariant.attention_mask``).
 * **FP8 in registers.** An FP8 tile is dequantized after the load as
   ``(code · scale)`` in float32 rounded to the query dtype, which is bitwise what
   ``kv.kv_dequantize`` (and the trainer's ``kv_round_trip``) computes; no dequantized copy of the
@@ -51,6 +52,7 @@ def _split_kernel(
     qk_scale,
     split_len,
     num_splits,
+    capacity,
     stride_qb,
     stride_qh,
     stride_ql,
@@ -89,7 +91,7 @@ def _split_kernel(
     q_pos = tl.load(pos_ptr + b * stride_pb + step, mask=row_ok, other=0)
     k_len = tl.load(klen_ptr + b)
     start = s * split_len
-    end = tl.minimum(start + split_len, k_len)
+    end = tl.minimum(tl.minimum(start + split_len, k_len), capacity)  # never past the view
     if KV_FP8:
         k_scale = tl.load(k_scale_ptr)
         v_scale = tl.load(v_scale_ptr)

@@ -111,6 +111,7 @@ INTERPRETED = textwrap.dedent(
         (2, 4, 2, 1, 64, 200, [5, 130], False, 3),
         (3, 8, 2, 2, 64, 300, [2, 77, 300], True, 4),
         (3, 4, 4, 1, 32, 300, [1, 64, 300], False, 5),
+        (2, 4, 2, 1, 32, 100, [100, 100], False, 3),  # a [:, :, :100] view of a longer cache
     ]:
         q = torch.randn(b, h, lq, d).half()
         k, v = torch.randn(b, hkv, cap, d).half(), torch.randn(b, hkv, cap, d).half()
@@ -120,6 +121,10 @@ INTERPRETED = textwrap.dedent(
             k, v = kv_quantize(k, ks), kv_quantize(v, vs)
         k_len = torch.tensor(lens)
         pos = k_len[:, None] - lq + torch.arange(lq)[None]
+        if cap == 100:  # keys past the view hold NaN and k_len claims more keys than it has
+            fk, fv = (torch.full((b, hkv, 160, d), float("nan"), dtype=k.dtype) for _ in "kv")
+            fk[:, :, :cap], fv[:, :, :cap] = k, v
+            k, v, k_len = fk[:, :, :cap], fv[:, :, :cap], k_len + 50
         ref = decode_attention_reference(q, k, v, pos, k_len, scale=d**-0.5, k_scale=ks, v_scale=vs)
         out = _launch(q, k, v, pos, k_len, d**-0.5, ks, vs, splits)
         print(f"case splits={splits} fp8={fp8} err={(out.float() - ref.float()).abs().max():.3e}")
@@ -135,6 +140,6 @@ def test_interpreted_kernels_match_the_reference_for_every_split_count():
     )
     assert run.returncode == 0, run.stderr[-3000:]
     lines = [line for line in run.stdout.splitlines() if line.startswith("case")]
-    assert len(lines) == 4
+    assert len(lines) == 5
     for line in lines:
         assert float(line.split("err=")[1]) < 2e-3, line
