@@ -75,13 +75,19 @@ def case(batch: int, length: int, kv: str, splits_sweep: bool) -> list[dict]:
 
     t_before = graph_time_us(before)
     default = da.num_splits(batch, HKV, capacity)
-    sweep = sorted({default, 1, 2, 4, 8, 16} if splits_sweep else {default})
+    sweep = [
+        (s, da.BLOCK_N) for s in sorted({default, 1, 2, 4, 8, 16} if splits_sweep else {default})
+    ]
+    if kv == "fp8":  # half-byte tiles: does a 128-key tile put enough bytes in flight?
+        sweep.append((default, 128))
     read = batch * HKV * length * D * 2 * (1 if kv == "fp8" else 2)
     rows = []
-    for splits in sweep:
+    for splits, block_n in sweep:
         t = graph_time_us(
-            lambda s=splits: da.decode_attention(q, k, v, pos, k_len, scale=scale, splits=s, **scales)
-        )  # fmt: skip
+            lambda s=splits, n=block_n: da.decode_attention(
+                q, k, v, pos, k_len, scale=scale, splits=s, block_n=n, **scales
+            )
+        )
         rows.append(
             {
                 "batch": batch,
@@ -89,7 +95,8 @@ def case(batch: int, length: int, kv: str, splits_sweep: bool) -> list[dict]:
                 "capacity": capacity,
                 "kv": kv,
                 "splits": splits,
-                "default": splits == default,
+                "block_n": block_n,
+                "default": splits == default and block_n == da.BLOCK_N,
                 "us": t,
                 "gb_s": read / t / 1e3,
                 "pct_hbm": 100 * read / (t * 1e-6) / HBM_BYTES_PER_S,
@@ -112,11 +119,11 @@ def main() -> None:
     table = (
         f"# Decode attention micro-benchmark (H={H}, Hkv={HKV}, D={D}; {torch.cuda.get_device_name()}, "
         f"torch {torch.__version__}, triton {triton.__version__})\n\n"
-        "| batch | valid keys | capacity | KV | splits | µs | GB/s | % of 4.3 TB/s | before µs | speed-up |\n"
-        "|---|---|---|---|---|---|---|---|---|---|\n"
+        "| batch | valid keys | capacity | KV | splits | keys/tile | µs | GB/s | % of 4.3 TB/s | before µs | speed-up |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n"
         + "\n".join(
             f"| {r['batch']} | {r['length']} | {r['capacity']} | {r['kv']} | "
-            f"{r['splits']}{' (default)' if r['default'] else ''} | {r['us']:.1f} | {r['gb_s']:,.0f} | "
+            f"{r['splits']}{' (default)' if r['default'] else ''} | {r['block_n']} | {r['us']:.1f} | {r['gb_s']:,.0f} | "
             f"{r['pct_hbm']:.0f}% | {r['before_us']:.1f} | {r['speedup']:.2f}× |"
             for r in rows
         )

@@ -134,6 +134,7 @@ def decode_attention(
     k_scale: Tensor | None = None,
     v_scale: Tensor | None = None,
     splits: int | None = None,
+    block_n: int = BLOCK_N,
 ) -> Tensor:
     """Attention of a decode step's queries over a KV cache, read in place (GQA, causal).
 
@@ -147,6 +148,7 @@ def decode_attention(
         scale: softmax scale (usually D**-0.5).
         k_scale, v_scale: 0-d float32 per-tensor FP8 scales (value = code · scale).
         splits: override ``num_splits`` (benchmarks).
+        block_n: keys per tile, a power of two ≥ 16 (benchmarks; 128 halves the FP8 tile count).
     Returns:
         [B, H, Lq, D] in q.dtype.
     Raises:
@@ -165,10 +167,12 @@ def decode_attention(
         return decode_attention_reference(
             q, k_cache, v_cache, positions, k_len, scale=scale, k_scale=k_scale, v_scale=v_scale
         )
-    return _launch(q, k_cache, v_cache, positions, k_len, scale, k_scale, v_scale, splits)
+    return _launch(q, k_cache, v_cache, positions, k_len, scale, k_scale, v_scale, splits, block_n)
 
 
-def _launch(q, k_cache, v_cache, positions, k_len, scale, k_scale, v_scale, splits) -> Tensor:
+def _launch(
+    q, k_cache, v_cache, positions, k_len, scale, k_scale, v_scale, splits, block_n=BLOCK_N
+) -> Tensor:
     """Run the Triton kernels (also on CPU tensors under ``TRITON_INTERPRET=1``, for tests)."""
     from fp8rl.kernels import decode_attention_triton as kern
 
@@ -182,7 +186,7 @@ def _launch(q, k_cache, v_cache, positions, k_len, scale, k_scale, v_scale, spli
     groups = h // kv_heads
     block_m = max(16, 1 << (groups * lq - 1).bit_length())
     n_split = splits or num_splits(b, kv_heads, capacity)
-    split_len = -(-math.ceil(capacity / n_split) // BLOCK_N) * BLOCK_N
+    split_len = -(-math.ceil(capacity / n_split) // block_n) * block_n
     out = torch.empty((b, h, lq, d), dtype=q.dtype, device=q.device)
     if n_split > 1:
         m = torch.empty((b, kv_heads, n_split, block_m), dtype=torch.float32, device=q.device)
@@ -225,7 +229,7 @@ def _launch(q, k_cache, v_cache, positions, k_len, scale, k_scale, v_scale, spli
         LQ=lq,
         HEAD_DIM=d,
         BLOCK_M=block_m,
-        BLOCK_N=BLOCK_N,
+        BLOCK_N=block_n,
         ONE_SPLIT=n_split == 1,
         KV_FP8=fp8,
         num_warps=4,

@@ -106,12 +106,13 @@ INTERPRETED = textwrap.dedent(
     from fp8rl.kernels.decode_attention import _launch, decode_attention_reference
     from fp8rl.kernels.kv import kv_quantize
     torch.manual_seed(0)
-    for b, h, hkv, lq, d, cap, lens, fp8, splits in [
-        (2, 4, 2, 1, 64, 200, [5, 130], False, 1),
-        (2, 4, 2, 1, 64, 200, [5, 130], False, 3),
-        (3, 8, 2, 2, 64, 300, [2, 77, 300], True, 4),
-        (3, 4, 4, 1, 32, 300, [1, 64, 300], False, 5),
-        (2, 4, 2, 1, 32, 100, [100, 100], False, 3),  # a [:, :, :100] view of a longer cache
+    for b, h, hkv, lq, d, cap, lens, fp8, splits, block_n in [
+        (2, 4, 2, 1, 64, 200, [5, 130], False, 1, 64),
+        (2, 4, 2, 1, 64, 200, [5, 130], False, 3, 64),
+        (3, 8, 2, 2, 64, 300, [2, 77, 300], True, 4, 64),
+        (3, 8, 2, 2, 64, 300, [2, 77, 300], True, 2, 128),
+        (3, 4, 4, 1, 32, 300, [1, 64, 300], False, 5, 64),
+        (2, 4, 2, 1, 32, 100, [100, 100], False, 3, 64),  # a [:, :, :100] view of a longer cache
     ]:
         q = torch.randn(b, h, lq, d).half()
         k, v = torch.randn(b, hkv, cap, d).half(), torch.randn(b, hkv, cap, d).half()
@@ -126,7 +127,7 @@ INTERPRETED = textwrap.dedent(
             fk[:, :, :cap], fv[:, :, :cap] = k, v
             k, v, k_len = fk[:, :, :cap], fv[:, :, :cap], k_len + 50
         ref = decode_attention_reference(q, k, v, pos, k_len, scale=d**-0.5, k_scale=ks, v_scale=vs)
-        out = _launch(q, k, v, pos, k_len, d**-0.5, ks, vs, splits)
+        out = _launch(q, k, v, pos, k_len, d**-0.5, ks, vs, splits, block_n)
         print(f"case splits={splits} fp8={fp8} err={(out.float() - ref.float()).abs().max():.3e}")
     """
 )
@@ -140,6 +141,6 @@ def test_interpreted_kernels_match_the_reference_for_every_split_count():
     )
     assert run.returncode == 0, run.stderr[-3000:]
     lines = [line for line in run.stdout.splitlines() if line.startswith("case")]
-    assert len(lines) == 5
+    assert len(lines) == 6
     for line in lines:
         assert float(line.split("err=")[1]) < 2e-3, line

@@ -73,9 +73,11 @@ def test_decode_attention_is_as_close_to_float64_as_sdpa(b, h, hkv, d, cap, fp8)
 def test_every_split_count_gives_the_reference_and_reruns_are_bitwise(fp8):
     q, k, v, pos, k_len, scales = _inputs(6, 32, 8, 128, 1100, fp8=fp8, lq=2)
     ref = da.decode_attention_reference(q, k, v, pos, k_len, scale=0.1, **scales).float()
-    for splits in (1, 2, 3, 5, 18):
-        out = da.decode_attention(q, k, v, pos, k_len, scale=0.1, splits=splits, **scales)
-        again = da.decode_attention(q, k, v, pos, k_len, scale=0.1, splits=splits, **scales)
+    tiles = [(s, da.BLOCK_N) for s in (1, 2, 3, 5, 18)] + ([(3, 128)] if fp8 else [])
+    for splits, block_n in tiles:
+        kw = {"scale": 0.1, "splits": splits, "block_n": block_n, **scales}
+        out = da.decode_attention(q, k, v, pos, k_len, **kw)
+        again = da.decode_attention(q, k, v, pos, k_len, **kw)
         assert torch.equal(out, again), splits
         torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2, msg=str(splits))
 
