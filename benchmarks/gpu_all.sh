@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every issue-14 GPU test and benchmark in one device call (H200), short tables last.
 #
-#   bash benchmarks/gpu_all.sh [stage ...]  # stages: tests parity mismatch tune rollout kv train checks exact
+#   bash benchmarks/gpu_all.sh [stage ...]  # stages: tests attn parity mismatch tune rollout kv train checks exact
 #
 # Run from the repository root (device_env.sh makes it importable as fp8rl). Results go to $OUT
 # (the device call's output folder) or benchmarks/results/run/. Each stage has its own time
@@ -11,7 +11,7 @@ source benchmarks/device_env.sh || exit 1
 R=${OUT:-benchmarks/results/run}
 mkdir -p "$R"
 export OMP_NUM_THREADS=4 TRITON_PRINT_AUTOTUNING=0
-STAGES=${*:-tests parity tune rollout train exact}
+STAGES=${*:-tests attn parity tune rollout train exact}
 stage() { echo "=== $1 ($(date -u +%T))"; }
 for s in $STAGES; do
   case $s in
@@ -19,6 +19,11 @@ for s in $STAGES; do
     stage tests
     timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/fp8_kernels/test_fused_gpu.py \
       tests/fp8_kernels/test_kernels_gpu.py 2>&1 | tail -25 | tee "$R/tests.txt" ;;
+  attn)
+    stage attn
+    timeout 90 python3 -m pytest -q -p no:cacheprovider -m gpu tests/fp8_kernels/test_decode_attention_gpu.py \
+      2>&1 | tail -12 | tee "$R/attn-tests.txt"
+    timeout 60 python3 benchmarks/decode_attention.py --out "$R" 2>&1 | grep -v '^{' | tail -40 ;;
   parity)
     stage parity
     timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu 2>&1 | tail -15 \
@@ -34,12 +39,12 @@ for s in $STAGES; do
     cp kernels/fp8_gemm_decode_table.json "$R/" 2>/dev/null ;;
   rollout)
     stage rollout
-    timeout 120 python3 benchmarks/rollout.py --batch 64 256 --gen 512 --graphs on \
-      --out "$R" --tag rollout-gen512 2>&1 | grep -v '^{' | tail -12 ;;
+    timeout 150 python3 benchmarks/rollout.py --batch 64 256 --gen 512 --graphs on \
+      --decode-attn on off --out "$R" --tag rollout-gen512 2>&1 | grep -v '^{' | tail -12 ;;
   kv)
     stage kv
-    timeout 200 python3 benchmarks/rollout.py --layers 8 --batch 64 --gen 4096 --graphs on \
-      --kv bf16 fp8 --out "$R" --tag rollout-gen4096 2>&1 | grep -v '^{' | tail -10 ;;
+    timeout 420 python3 benchmarks/rollout.py --layers 8 --batch 64 --gen 4096 --graphs on \
+      --kv bf16 fp8 --decode-attn on off --out "$R" --tag rollout-gen4096 2>&1 | grep -v '^{' | tail -20 ;;
   train)
     stage train
     timeout 100 python3 benchmarks/train_step.py --layers 8 --tokens 16384 32768 --profile \

@@ -134,10 +134,20 @@ def main() -> None:
         help="let the fast path run the split-K decode GEMM (off by default: breaks fast-mode "
         "parity, see kernels/gemm_decode_triton.py)",
     )
+    parser.add_argument(
+        "--decode-attn",
+        nargs="+",
+        default=["off"],
+        choices=["on", "off"],
+        help="split-KV decode attention kernel on and/or off (off, the default: dequantize + "
+        "SDPA; on breaks fast-mode parity, see kernels/decode_attention.py)",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--tag", help="file name stem under --out (default rollout)")
     args = parser.parse_args()
+    from fp8rl.kernels import decode_attention
+
     if args.decode_gemm:
         from fp8rl.kernels import gemm_decode_triton
 
@@ -157,9 +167,10 @@ def main() -> None:
             ctx = args.prompt + args.gen / 2
             step_bytes = weight_bytes(cfg, mode) + batch * ctx * kv_bytes_per_token(cfg, kv_fp8)
             roofline = batch / (step_bytes / HBM_BYTES_PER_S)
-            for graphs in args.graphs:
+            for graphs, attn in [(g, a) for g in args.graphs for a in args.decode_attn]:
                 if graphs == "on" and not args.device.startswith("cuda"):
                     continue
+                decode_attention.set_enabled(attn == "on")
                 try:
                     rate = decode_tokens_per_s(
                         model,
@@ -180,6 +191,7 @@ def main() -> None:
                         "kv": kv,
                         "exact": args.exact,
                         "decode_gemm": args.decode_gemm,
+                        "decode_attn": attn,
                         "gen": args.gen,
                         "layers": cfg.num_hidden_layers,
                         "batch": batch,
@@ -192,6 +204,11 @@ def main() -> None:
                     }
                 )
                 print(json.dumps(rows[-1]), flush=True)
+                print(  # survives a stage's time limit (the table prints at the end)
+                    f"row {mode} kv={kv} batch={batch} graphs={graphs} attn={attn}: "
+                    f"{rate:,.0f} tok/s ({100 * rate / roofline:.0f}% roofline) {error}",
+                    flush=True,
+                )
         del model
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
@@ -204,6 +221,7 @@ def main() -> None:
                 and r["kv"] == "bf16"
                 and r["batch"] == row["batch"]
                 and r["cuda_graphs"] == row["cuda_graphs"]
+                and r["decode_attn"] == row["decode_attn"]
             ),
             None,
         )
@@ -216,11 +234,11 @@ def main() -> None:
         f"{', decode GEMM on' if args.decode_gemm else ''}\n\n"
         f"{time.strftime('%Y-%m-%d')} · {torch.cuda.get_device_name() if args.device.startswith('cuda') else platform.processor()}"
         f" · torch {torch.__version__}\n\n"
-        "| mode | KV | batch | CUDA graphs | prefill tok/s | decode tok/s | vs BF16 | roofline tok/s | % roofline |\n"
-        "|---|---|---|---|---|---|---|---|---|\n"
+        "| mode | KV | batch | CUDA graphs | decode attn | prefill tok/s | decode tok/s | vs BF16 | roofline tok/s | % roofline |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = [
-        f"| {r['mode']} | {r['kv']} | {r['batch']} | {r['cuda_graphs']} | {r['prefill_tok_s']:,.0f} | {r['decode_tok_s']:,.0f} | "
+        f"| {r['mode']} | {r['kv']} | {r['batch']} | {r['cuda_graphs']} | {r['decode_attn']} | {r['prefill_tok_s']:,.0f} | {r['decode_tok_s']:,.0f} | "
         f"{r['speedup_vs_bf16']:.2f}× | {r['roofline_tok_s']:,.0f} | {r['roofline_pct']:.0f}% |"
         for r in rows
     ]

@@ -1,9 +1,10 @@
 """fp8rl.kernels: FP8 quantizers, blockwise FP8 GEMM and FP8Linear (DESIGN.md §2).
 
 Importable without Triton or CUDA (CPU CI): the Triton kernels live in ``quant_triton``,
-``gemm_triton``, ``gemm_decode_triton`` (decode-size GEMM) and ``fused_triton`` (norm/SwiGLU +
-quant, public wrappers in ``fused``) and are imported only when a CUDA tensor reaches a public
-wrapper.
+``gemm_triton``, ``gemm_decode_triton`` (decode-size GEMM), ``fused_triton`` (norm/SwiGLU +
+quant, public wrappers in ``fused``) and ``decode_attention_triton`` (split-KV attention over the
+KV cache, public wrapper in ``decode_attention``) and are imported only when a CUDA tensor
+reaches a public wrapper.
 """
 
 from fp8rl.kernels.backend import kernel_backend

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from fp8rl.kernels.decode_attention import decode_attention, use_decode_attention
 from fp8rl.kernels.fused import add_rms_norm_quant, silu_mul_quant
 from fp8rl.kernels.gemm import fp8_gemm
 from fp8rl.kernels.invariant import (
@@ -187,6 +188,13 @@ class Attention(nn.Module):
             index = positions[:, None, :, None].expand(-1, self.kv_heads, -1, self.head_dim)
             _scatter(k_cache, index, k)
             _scatter(v_cache, index, v)
+            if use_decode_attention(q, self.kv_heads, exact=self.exact):  # split-KV, cache in place
+                scales = (self.k_scale, self.v_scale) if self.kv_fp8 else (None, None)
+                out = decode_attention(
+                    q, k_cache, v_cache, positions, k_len, scale=self.head_dim**-0.5,
+                    k_scale=scales[0], v_scale=scales[1],
+                )  # fmt: skip
+                return self.o_proj(out.transpose(1, 2).reshape(b, length, -1))
             k, v = k_cache, v_cache
             if self.kv_fp8:
                 k = kv_dequantize(k, self.k_scale, q.dtype)
