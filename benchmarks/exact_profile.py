@@ -53,10 +53,14 @@ def train_profile(cfg, exact: bool, tokens: int, seq: int, count: int) -> list[s
     return [f"train exact={exact} tokens={tokens}", *top(prof, count)]
 
 
-@torch.inference_mode()
 def decode_profile(cfg, exact: bool, batch: int, prompt: int, steps: int, count: int):
     model = build_rollout(cfg, "unified_fp8", prompt + steps + 8, "cuda", kv_fp8=False, exact=exact)
     model.fuse_projections()
+    with torch.inference_mode():
+        return _decode(model, cfg, exact, batch, prompt, steps, count)
+
+
+def _decode(model, cfg, exact: bool, batch: int, prompt: int, steps: int, count: int):
     cap = prompt + steps + 8
     cache = KVCache.allocate(cfg, batch=batch, capacity=cap, dtype=torch.bfloat16, device="cuda")
     ids = torch.randint(0, cfg.vocab_size, (batch, prompt), device="cuda")
