@@ -42,6 +42,8 @@ BLOCK_M = 64
 BLOCK_N = 64
 NUM_WARPS = 4
 NUM_STAGES = 2
+BWD_BLOCK_M = 64  # the backward need not be invariant: its tiles are free to tune
+BWD_BLOCK_N = 64
 BWD_WARPS = 8
 _LOG2E = 1.4426950408889634
 
@@ -252,18 +254,18 @@ class _ExactAttention(torch.autograd.Function):
         dq = torch.empty_like(q, memory_format=torch.contiguous_format)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         qk_scale = ctx.scale * _LOG2E
-        _bwd_dq_kernel[(triton.cdiv(r, BLOCK_M), b * hkv)](
+        _bwd_dq_kernel[(triton.cdiv(r, BWD_BLOCK_M), b * hkv)](
             q, k, v, do, dq, lse, delta, nvis, lq, lk, r, g, hkv, qk_scale, ctx.scale,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
             dq.stride(0), dq.stride(1), dq.stride(2),
-            D=d, BM=BLOCK_M, BN=BLOCK_N, num_warps=BWD_WARPS, num_stages=NUM_STAGES,
+            D=d, BM=BWD_BLOCK_M, BN=BWD_BLOCK_N, num_warps=BWD_WARPS, num_stages=NUM_STAGES,
         )  # fmt: skip
-        _bwd_dkdv_kernel[(triton.cdiv(lk, BLOCK_N), b * hkv)](
+        _bwd_dkdv_kernel[(triton.cdiv(lk, BWD_BLOCK_N), b * hkv)](
             q, k, v, do, dk, dv, lse, delta, nvis, lq, lk, r, g, hkv, qk_scale, ctx.scale,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
-            D=d, BM=BLOCK_M, BN=BLOCK_N, num_warps=BWD_WARPS, num_stages=NUM_STAGES,
+            D=d, BM=BWD_BLOCK_M, BN=BWD_BLOCK_N, num_warps=BWD_WARPS, num_stages=NUM_STAGES,
         )  # fmt: skip
         return dq, dk, dv, None, None
 
