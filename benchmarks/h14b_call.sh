@@ -20,8 +20,10 @@ done
 echo "=== parity + loop tests"
 timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu 2>&1 | tail -15 | tee "$R/parity-tests.txt"
 echo "=== exact train-step profile"
-timeout 60 python3 benchmarks/exact_profile.py --parts train --exact-only --top 14 2>&1 | grep -v Warn \
+timeout 40 python3 benchmarks/exact_profile.py --parts train --exact-only --top 14 2>&1 | grep -v Warn \
   | tail -16 | tee "$R/profile-exact-train.txt"
-echo "=== attention tile sweep"
-timeout 75 python3 benchmarks/attention_exact_sweep.py 2>&1 | grep -v Warn | tail -20
+if [ -n "${SWEEP:-}" ]; then
+  echo "=== attention tile sweep"
+  timeout 75 python3 benchmarks/attention_exact_sweep.py 2>&1 | grep -v Warn | tail -20
+fi
 echo "=== done $(date -u +%T)"
