@@ -54,8 +54,14 @@ for s in $STAGES; do
     timeout 100 python3 benchmarks/gpu_checks.py --out "$R" 2>&1 | tail -25 ;;
   exact)
     stage exact
-    timeout 120 python3 benchmarks/rollout.py --layers 8 --batch 64 --gen 512 --graphs on \
-      --modes unified_fp8 --exact --out "$R" --tag rollout-exact 2>&1 | grep -v '^{' | tail -6 ;;
+    timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/fp8_kernels/test_exact_triton_gpu.py \
+      2>&1 | tail -8 | tee "$R/exact-tests.txt"
+    timeout 120 python3 benchmarks/train_step.py --layers 8 --tokens 16384 --modes unified_fp8 \
+      --exact --out "$R" 2>&1 | grep -v '^{' | tail -8
+    for ex in "" --exact; do
+      timeout 90 python3 benchmarks/rollout.py --layers 8 --batch 64 --gen 512 --graphs on \
+        --modes unified_fp8 $ex --out "$R" --tag "rollout${ex:+-exact}" 2>&1 | grep -v '^{' | tail -3
+    done ;;
   esac
 done
 stage done

@@ -49,7 +49,7 @@ def step(model, optimizer, ids: torch.Tensor) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def top_kernels(model, optimizer, ids, count: int = 12) -> list[dict]:
+def top_kernels(model, optimizer, ids, count: int = 15) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

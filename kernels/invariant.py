@@ -15,6 +15,13 @@ Elementwise ops (residual adds, RoPE with a precomputed table, SiLU in float64) 
 deterministic per element. Masked attention keys contribute exact zeros, so a decode step over a
 KV cache of any capacity equals the trainer's causal row.
 
+On CUDA (BF16/FP16 activations) exact attention, the dense (vocabulary) head and the token
+log-softmax run batch-invariant Triton kernels with fp32 accumulation instead of float64
+(``attention_exact_triton``, ``dense_exact_triton``; their docstrings give the invariance
+argument): a row's bits still depend only on that row, so the engine (prefill, decode over any
+cache) and the trainer agree bitwise on the GPU, as the float64 paths make them agree on CPU.
+GPU and CPU results are not bitwise equal to each other.
+
 The fast (``exact=False``) paths use the usual fused kernels (SDPA, BF16 GEMM, fp32 softmax) and
 are the ones to use on GPU for speed. Their RMSNorm and SiLU·mul are ``fused.rms_norm_fast`` /
 ``silu_mul_fast``: on CUDA the Triton arithmetic of the rollout engine's fused norm/SwiGLU-quant
@@ -27,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fp8rl.kernels.backend import triton_available
 from fp8rl.kernels.dense_exact import MIN_ELEMENTS, exact_dense_linear
 from fp8rl.kernels.fused import rms_norm_fast, silu_mul_fast
 
@@ -100,8 +108,28 @@ def attention_mask(q_pos: Tensor, k_len: Tensor, num_keys: int) -> Tensor:
     return visible[:, None]
 
 
+def triton_exact(x: Tensor) -> bool:
+    """True when the exact ops on ``x`` run the Triton kernels (CUDA, BF16/FP16) instead of
+    float64."""
+    return x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and triton_available()
+
+
+def float64_inside(fn, x: Tensor) -> bool:
+    """Whether the exact op ``fn`` on input ``x`` creates float64 intermediates worth recomputing
+    in the backward (``recompute.recomputed``); the Triton attention saves only BF16 tensors."""
+    return not (fn is attention and triton_exact(x))
+
+
 def attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *, scale: float, exact: bool = False
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor,
+    *,
+    scale: float,
+    exact: bool = False,
+    q_pos: Tensor | None = None,
+    k_len: Tensor | None = None,
 ) -> Tensor:
     """Masked multi-head attention with grouped KV heads (GQA).
 
@@ -109,10 +137,22 @@ def attention(
         q: [B, H, Lq, D]; k, v: [B, Hkv, Lk, D] with H a multiple of Hkv; compute dtype.
         mask: [B, 1, Lq, Lk] bool, True = visible (every query must see at least one key).
         scale: softmax scale (usually D**-0.5).
-        exact: float64 scores/softmax/PV rounded once to q.dtype (batch- and length-invariant).
+        exact: batch- and length-invariant: on CUDA (BF16/FP16) the Triton flash attention of
+            ``attention_exact_triton`` (which needs ``mask`` to be a prefix per query row, the
+            form ``attention_mask`` builds); elsewhere float64 scores/softmax/PV rounded once.
+        q_pos, k_len: optional [B, Lq] positions and [B] key counts ``mask`` was built from
+            (``attention_mask``); on the Triton path they replace reading the mask.
     Returns:
         [B, H, Lq, D] in q.dtype.
     """
+    if exact and triton_exact(q):
+        from fp8rl.kernels.attention_exact_triton import exact_attention
+
+        if q_pos is not None and k_len is not None:
+            n_visible = torch.minimum(q_pos + 1, k_len[:, None])
+        else:
+            n_visible = mask[:, 0].sum(-1)
+        return exact_attention(q, k, v, n_visible, scale=scale)
     groups = q.shape[1] // k.shape[1]
     if not exact:
         # GQA without copying K/V: fold each KV head's query group into the query axis.
@@ -141,10 +181,15 @@ def dense_linear(
 
     x: [..., K] compute dtype; weight: [N, K] (cast to x.dtype first, so an FP32 master weight
     computes like its BF16 copy on the rollout side); returns [..., N] in x.dtype. ``exact``
-    accumulates in float64 and rounds once; a weight of ``dense_exact.MIN_ELEMENTS`` or more
+    accumulates in float64 and rounds once (on CUDA with BF16/FP16 ``x``: the batch-invariant
+    fp32 Triton GEMM of ``dense_exact_triton``); a weight of ``dense_exact.MIN_ELEMENTS`` or more
     (a vocabulary head) is processed ``dense_exact.ROWS`` rows at a time, forward and backward,
     so its float64 copy and gradient never exist whole.
     """
+    if exact and triton_exact(x):
+        from fp8rl.kernels.dense_exact_triton import exact_dense_gemm
+
+        return exact_dense_gemm(x, weight, bias)
     if exact and weight.numel() >= MIN_ELEMENTS:  # a vocabulary head: no float64 copy of it all
         return exact_dense_linear(x, weight, bias)
     w = weight.to(x.dtype)
@@ -165,10 +210,17 @@ def token_logprobs(
 
     Args:
         logits: [..., V] (BF16 or FP32). tokens: [...] int64 ids.
-        exact: log-softmax in float64 (order-insensitive after rounding to float32).
+        exact: log-softmax in float64 (order-insensitive after rounding to float32); on CUDA
+            the batch-invariant fp32 Triton row kernel of ``dense_exact_triton``.
     Returns:
         [...] float32.
     """
+    if exact and logits.is_cuda and triton_available():
+        from fp8rl.kernels.dense_exact_triton import exact_token_logprobs
+
+        return exact_token_logprobs(
+            logits, tokens, temperature=temperature if temperature > 0 else 1.0
+        )
     acc = torch.float64 if exact else torch.float32
     scaled = logits.to(acc)
     if temperature > 0 and temperature != 1.0:

@@ -10,7 +10,9 @@ activations, the gain) are saved, and the backward recomputes the same float64 v
 are bitwise those of plain autograd. The op runs twice; it is elementwise or tiny next to the
 FP8 GEMMs, so the step costs a few percent more CPU time.
 
-Outside training (no grad, or inputs that need none) and on the fast path the op runs as is.
+Outside training (no grad, or inputs that need none), on the fast path, and for ops without
+float64 intermediates (the Triton exact attention on CUDA: ``invariant.float64_inside``) the op
+runs as is.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
+
+from fp8rl.kernels.invariant import float64_inside
 
 __all__ = ["recomputed"]
 
@@ -39,6 +43,6 @@ def recomputed(fn: Callable[..., Tensor], *args: Any, exact: bool, **kwargs: Any
     needs_grad = torch.is_grad_enabled() and any(
         isinstance(a, Tensor) and a.requires_grad for a in args
     )
-    if not (exact and needs_grad):
+    if not (exact and needs_grad) or not float64_inside(fn, args[0]):
         return fn(*args, exact=exact, **kwargs)
     return checkpoint(fn, *args, use_reentrant=False, exact=exact, **kwargs)

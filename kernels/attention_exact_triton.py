@@ -1,0 +1,293 @@
+"""Batch-invariant flash attention for ``precision.exact`` on CUDA (Triton), forward and backward.
+
+The forward is the one kernel both sides of the bitwise contract run: the trainer over whole
+sequences and the rollout engine for prefill and every KV-cache decode step. A query row's
+output bits depend only on that row's query, the keys/values it can see and the head size:
+
+* **One compiled config.** ``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages`` are constants
+  of this module, never chosen from the shape; the integer sizes are excluded from Triton's
+  specialisation (``do_not_specialize``), so every call runs the same binary.
+* **Fixed key order.** Each query row walks key blocks of ``BLOCK_N`` from key 0 upwards: key
+  ``j`` always sits at column ``j % BLOCK_N`` of block ``j // BLOCK_N``, and each score is one
+  ``tl.dot`` over the head dim with the same instruction sequence whatever the other rows of the
+  tile are (a row of an MMA tile does not read other rows).
+* **fp32 online softmax; masked keys are exact no-ops.** A query row sees keys
+  ``[0, n_visible)`` (a prefix: ``j <= position`` and ``j < k_len``). Key 0 is always visible, so
+  after the first block the running max ``m`` is finite; a later block with no visible key for
+  the row has scores ``-inf``: ``m_new = m``, ``alpha = exp2(0) = 1``, ``p = exp2(-inf) = 0``,
+  so ``l·1 + 0 = l`` and ``acc·1 + 0·V = acc`` bitwise. Visible keys past ``Lk`` never exist,
+  masked loads are zeros. Hence a row's bits do not depend on the batch, on Lq (how many rows
+  are computed together), on its neighbours in the tile (decode folds a KV head's query group
+  into one tile, the trainer a run of positions), on how many trailing key blocks the tile's
+  longest row makes it walk, or on the KV cache capacity.
+
+Rows are addressed as the GQA-folded axis ``r = g·Lq + l`` of a KV head (query head
+``hk·G + g``, position index ``l``), so K/V are read once per KV head, never repeated.
+
+The backward (trainer only) is FlashAttention-2's (Dao 2023), as in Triton's fused-attention
+tutorial: ``dQ`` per query block walking key blocks, ``dK``/``dV`` per key block walking every
+query row of its KV head (the GQA group summed inside the program). No atomics, no split
+reductions: deterministic, but it need not equal anything bitwise. Tested against float64
+attention (``tests/fp8_kernels/test_attention_exact_gpu.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+BLOCK_M = 64
+BLOCK_N = 64
+NUM_WARPS = 4
+NUM_STAGES = 2
+BWD_BLOCK_M = 64  # the backward need not be invariant: its tiles are free to tune
+BWD_BLOCK_N = 64
+BWD_WARPS = 8
+_LOG2E = 1.4426950408889634
+
+__all__ = ["BLOCK_M", "BLOCK_N", "exact_attention"]
+
+
+@triton.jit(do_not_specialize=["Lq", "Lk", "R", "G", "HKV"])
+def _fwd_kernel(
+    Q, K, V, OUT, LSE, NVIS, Lq, Lk, R, G, HKV, qk_scale,
+    sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som,
+    D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // HKV
+    hk = pid_bh % HKV
+    rows = pid_m * BM + tl.arange(0, BM)
+    row_ok = rows < R
+    head = hk * G + rows // Lq
+    pos = rows % Lq
+    d = tl.arange(0, D)
+    q_off = b.to(tl.int64) * sqb + head.to(tl.int64) * sqh + pos.to(tl.int64) * sqm
+    q = tl.load(Q + q_off[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
+    nvis = tl.load(NVIS + b * Lq + pos, mask=row_ok, other=0)
+    hi = tl.minimum(tl.max(nvis, 0), Lk)
+    k_base = K + b.to(tl.int64) * skb + hk.to(tl.int64) * skh
+    v_base = V + b.to(tl.int64) * svb + hk.to(tl.int64) * svh
+
+    m_i = tl.full([BM], float("-inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, D], tl.float32)
+    for start in range(0, hi, BN):
+        cols = start + tl.arange(0, BN)
+        col_ok = cols < hi
+        k = tl.load(
+            k_base + cols.to(tl.int64)[:, None] * skn + d[None, :], mask=col_ok[:, None], other=0.0
+        )
+        v = tl.load(
+            v_base + cols.to(tl.int64)[:, None] * svn + d[None, :], mask=col_ok[:, None], other=0.0
+        )
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        s = tl.where(cols[None, :] < nvis[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    o_off = b.to(tl.int64) * sob + head.to(tl.int64) * soh + pos.to(tl.int64) * som
+    tl.store(OUT + o_off[:, None] + d[None, :], out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+    # log2-domain log-sum-exp of the scaled scores [B, H, Lq], stored by every call so that the
+    # trainer (which needs it) and the engine run one binary
+    lse_off = (b * HKV * G + head) * Lq + pos
+    tl.store(LSE + lse_off, m_i + tl.math.log2(l_i), mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["Lq", "Lk", "R", "G", "HKV"])
+def _bwd_dq_kernel(
+    Q, K, V, DO, DQ, LSE, DELTA, NVIS, Lq, Lk, R, G, HKV, qk_scale, sm_scale,
+    sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdom, sdqb, sdqh, sdqm,
+    D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // HKV
+    hk = pid_bh % HKV
+    rows = pid_m * BM + tl.arange(0, BM)
+    row_ok = rows < R
+    head = hk * G + rows // Lq
+    pos = rows % Lq
+    d = tl.arange(0, D)
+    bl, hl, pl = b.to(tl.int64), head.to(tl.int64), pos.to(tl.int64)
+    q = tl.load(
+        Q + (bl * sqb + hl * sqh + pl * sqm)[:, None] + d[None, :], mask=row_ok[:, None], other=0.0
+    )
+    do = tl.load(
+        DO + (bl * sdob + hl * sdoh + pl * sdom)[:, None] + d[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    )
+    stat = (b * HKV * G + head) * Lq + pos
+    lse = tl.load(LSE + stat, mask=row_ok, other=0.0)
+    delta = tl.load(DELTA + stat, mask=row_ok, other=0.0)
+    nvis = tl.load(NVIS + b * Lq + pos, mask=row_ok, other=0)
+    hi = tl.minimum(tl.max(nvis, 0), Lk)
+    k_base = K + bl * skb + hk.to(tl.int64) * skh
+    v_base = V + bl * svb + hk.to(tl.int64) * svh
+    dq = tl.zeros([BM, D], tl.float32)
+    for start in range(0, hi, BN):
+        cols = start + tl.arange(0, BN)
+        col_ok = cols < hi
+        k = tl.load(
+            k_base + cols.to(tl.int64)[:, None] * skn + d[None, :], mask=col_ok[:, None], other=0.0
+        )
+        v = tl.load(
+            v_base + cols.to(tl.int64)[:, None] * svn + d[None, :], mask=col_ok[:, None], other=0.0
+        )
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        p = tl.math.exp2(s - lse[:, None])
+        p = tl.where(cols[None, :] < nvis[:, None], p, 0.0)
+        dp = tl.dot(do, tl.trans(v))
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq)
+    dq = dq * sm_scale
+    dq_off = bl * sdqb + hl * sdqh + pl * sdqm
+    tl.store(DQ + dq_off[:, None] + d[None, :], dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit(do_not_specialize=["Lq", "Lk", "R", "G", "HKV"])
+def _bwd_dkdv_kernel(
+    Q, K, V, DO, DK, DV, LSE, DELTA, NVIS, Lq, Lk, R, G, HKV, qk_scale, sm_scale,
+    sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdom,
+    D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // HKV
+    hk = pid_bh % HKV
+    bl = b.to(tl.int64)
+    cols = pid_n * BN + tl.arange(0, BN)
+    col_ok = cols < Lk
+    d = tl.arange(0, D)
+    k_off = bl * skb + hk.to(tl.int64) * skh + cols.to(tl.int64) * skn
+    v_off = bl * svb + hk.to(tl.int64) * svh + cols.to(tl.int64) * svn
+    k = tl.load(K + k_off[:, None] + d[None, :], mask=col_ok[:, None], other=0.0)
+    v = tl.load(V + v_off[:, None] + d[None, :], mask=col_ok[:, None], other=0.0)
+    dk = tl.zeros([BN, D], tl.float32)
+    dv = tl.zeros([BN, D], tl.float32)
+    first_col = pid_n * BN
+    for start in range(0, R, BM):
+        rows = start + tl.arange(0, BM)
+        row_ok = rows < R
+        head = hk * G + rows // Lq
+        pos = rows % Lq
+        nvis = tl.load(NVIS + b * Lq + pos, mask=row_ok, other=0)
+        if tl.max(nvis, 0) > first_col:  # some row of this block sees some key of ours
+            hl, pl = head.to(tl.int64), pos.to(tl.int64)
+            q_off = bl * sqb + hl * sqh + pl * sqm
+            do_off = bl * sdob + hl * sdoh + pl * sdom
+            q = tl.load(Q + q_off[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
+            do = tl.load(DO + do_off[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
+            stat = (b * HKV * G + head) * Lq + pos
+            lse = tl.load(LSE + stat, mask=row_ok, other=0.0)
+            delta = tl.load(DELTA + stat, mask=row_ok, other=0.0)
+            s = tl.dot(q, tl.trans(k)) * qk_scale
+            p = tl.math.exp2(s - lse[:, None])
+            p = tl.where((cols[None, :] < nvis[:, None]) & col_ok[None, :], p, 0.0)
+            dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv)
+            dp = tl.dot(do, tl.trans(v))
+            ds = p * (dp - delta[:, None])
+            dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk)
+    dk = dk * sm_scale
+    tl.store(DK + k_off[:, None] + d[None, :], dk.to(DK.dtype.element_ty), mask=col_ok[:, None])
+    tl.store(DV + v_off[:, None] + d[None, :], dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+
+
+def _check(q: Tensor, k: Tensor, v: Tensor, n_visible: Tensor) -> None:
+    b, h, lq, d = q.shape
+    if k.shape != v.shape or k.shape[0] != b or k.shape[3] != d or h % k.shape[1]:
+        raise ValueError(f"q {tuple(q.shape)} / k {tuple(k.shape)} / v {tuple(v.shape)} mismatch")
+    if n_visible.shape != (b, lq):
+        raise ValueError(f"n_visible {tuple(n_visible.shape)} is not [B, Lq] = {(b, lq)}")
+    if d not in (16, 32, 64, 128, 256):
+        raise ValueError(f"head dim {d} is not a power of two in [16, 256]")
+
+
+def _last_dim_contiguous(t: Tensor) -> Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _forward(q: Tensor, k: Tensor, v: Tensor, nvis: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    b, h, lq, d = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
+    g = h // hkv
+    out = torch.empty(b, h, lq, d, dtype=q.dtype, device=q.device)
+    lse = torch.empty(b, h, lq, dtype=torch.float32, device=q.device)
+    r = g * lq
+    grid = (triton.cdiv(r, BLOCK_M), b * hkv)
+    _fwd_kernel[grid](
+        q, k, v, out, lse, nvis, lq, lk, r, g, hkv, scale * _LOG2E,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        D=d, BM=BLOCK_M, BN=BLOCK_N, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+    )  # fmt: skip
+    return out, lse
+
+
+class _ExactAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, nvis, scale):
+        out, lse = _forward(q, k, v, nvis, scale)
+        ctx.save_for_backward(q, k, v, nvis, out, lse)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, nvis, out, lse = ctx.saved_tensors
+        k, v = k.contiguous(), v.contiguous()  # dK/dV are written with K/V's strides
+        do = _last_dim_contiguous(grad_out)
+        delta = (do.float() * out.float()).sum(-1).contiguous()  # [B, H, Lq]
+        b, h, lq, d = q.shape
+        hkv, lk = k.shape[1], k.shape[2]
+        g = h // hkv
+        r = g * lq
+        dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        qk_scale = ctx.scale * _LOG2E
+        _bwd_dq_kernel[(triton.cdiv(r, BWD_BLOCK_M), b * hkv)](
+            q, k, v, do, dq, lse, delta, nvis, lq, lk, r, g, hkv, qk_scale, ctx.scale,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
+            dq.stride(0), dq.stride(1), dq.stride(2),
+            D=d, BM=BWD_BLOCK_M, BN=BWD_BLOCK_N, num_warps=BWD_WARPS, num_stages=NUM_STAGES,
+        )  # fmt: skip
+        _bwd_dkdv_kernel[(triton.cdiv(lk, BWD_BLOCK_N), b * hkv)](
+            q, k, v, do, dk, dv, lse, delta, nvis, lq, lk, r, g, hkv, qk_scale, ctx.scale,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
+            D=d, BM=BWD_BLOCK_M, BN=BWD_BLOCK_N, num_warps=BWD_WARPS, num_stages=NUM_STAGES,
+        )  # fmt: skip
+        return dq, dk, dv, None, None
+
+
+def exact_attention(q: Tensor, k: Tensor, v: Tensor, n_visible: Tensor, *, scale: float) -> Tensor:
+    """Batch-invariant GQA attention over a prefix of keys per query row (CUDA, Triton).
+
+    Args:
+        q: [B, H, Lq, D] BF16/FP16 (any strides with the last dim contiguous).
+        k, v: [B, Hkv, Lk, D], H a multiple of Hkv (e.g. KV-cache slices).
+        n_visible: [B, Lq] integer: query (b, l) sees keys ``[0, n_visible[b, l])``; must be
+            >= 1 (``min(position + 1, k_len)`` for ``invariant.attention_mask``'s mask).
+        scale: softmax scale (usually D**-0.5).
+    Returns:
+        [B, H, Lq, D] in q.dtype; differentiable in q, k, v (deterministic backward, fp32
+        accumulation, no [Lq, Lk] buffer).
+    Raises:
+        ValueError: shapes disagree or the head dim is not a power of two in [16, 256].
+    """
+    _check(q, k, v, n_visible)
+    q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
+    nvis = n_visible.to(torch.int32).contiguous()
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _ExactAttention.apply(q, k, v, nvis, float(scale))
+    return _forward(q, k, v, nvis, float(scale))[0]

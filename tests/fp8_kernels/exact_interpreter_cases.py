@@ -1,0 +1,80 @@
+"""Run the exact-mode Triton kernels on CPU (TRITON_INTERPRET=1) and print one line per case
+(``test_exact_triton_interpreter.py`` checks them). Small tiles are patched in so the shapes
+cover several blocks; the GPU's rounding is checked by ``test_exact_triton_gpu.py``."""
+
+from __future__ import annotations
+
+import torch
+
+from fp8rl.kernels import attention_exact_triton as att
+from fp8rl.kernels import dense_exact_triton as dense
+from fp8rl.kernels.invariant import attention_mask
+
+DT = torch.float16  # the interpreter's numpy has no bfloat16 dot
+
+
+def _reference(q, k, v, mask, scale):
+    groups = q.shape[1] // k.shape[1]
+    k = k.double().repeat_interleave(groups, 1)
+    v = v.double().repeat_interleave(groups, 1)
+    s = (q.double() @ k.transpose(-1, -2)) * scale
+    return torch.softmax(s.masked_fill(~mask, float("-inf")), -1) @ v
+
+
+def attention_cases() -> None:
+    att.BLOCK_M = att.BLOCK_N = att.BWD_BLOCK_M = att.BWD_BLOCK_N = 16
+    torch.manual_seed(0)
+    b, h, hkv, length, d = 2, 4, 2, 40, 16
+    q = torch.randn(b, h, length, d, dtype=DT)
+    k, v = torch.randn(b, hkv, length, d, dtype=DT), torch.randn(b, hkv, length, d, dtype=DT)
+    pos = torch.arange(length).expand(b, length)
+    mask = attention_mask(pos, torch.tensor([length, 30]), length)
+    nvis = mask[:, 0].sum(-1)
+    ins = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = att.exact_attention(*ins, nvis, scale=d**-0.5)
+    ref = _reference(q, k, v, mask, d**-0.5)
+    print(f"attn_fwd err={(out.double() - ref).abs().max().item():.3e}")
+    same = True
+    for capacity in (length, 70):
+        kc, vc = (
+            torch.zeros(b, hkv, capacity, d, dtype=DT),
+            torch.randn(b, hkv, capacity, d, dtype=DT),
+        )
+        kc[:, :, :length], vc[:, :, :length] = k, v
+        for p in (0, 5, 33, length - 1):
+            step = att.exact_attention(
+                q[:, :, p : p + 1], kc, vc, nvis[:, p : p + 1], scale=d**-0.5
+            )
+            same &= torch.equal(step, out.detach()[:, :, p : p + 1])
+    print(f"attn_decode same={same}")
+    g = torch.randn_like(out)
+    (out.float() * g.float()).sum().backward()
+    ref_ins = [t.double().requires_grad_() for t in (q, k, v)]
+    (_reference(*ref_ins, mask, d**-0.5) * g.double()).sum().backward()
+    for name, a, r in zip(("dq", "dk", "dv"), ins, ref_ins, strict=True):
+        err = (a.grad.double() - r.grad).abs().max() / r.grad.abs().max()
+        print(f"attn_{name} rel={err.item():.3e}")
+
+
+def dense_cases() -> None:
+    dense.GEMM_BLOCK, dense.LSE_BLOCK = (16, 16, 16), 64
+    torch.manual_seed(1)
+    x, w = torch.randn(37, 40, dtype=DT), torch.randn(70, 40)
+    y = dense.exact_dense_gemm(x, w)
+    ref = x.double() @ w.to(DT).double().t()
+    rows_same = all(torch.equal(dense.exact_dense_gemm(x[i : i + 1], w)[0], y[i]) for i in (0, 36))
+    print(
+        f"gemm err={((y.double() - ref).abs().max() / ref.abs().max()).item():.3e} same={rows_same}"
+    )
+    logits, tok = torch.randn(7, 150), torch.randint(0, 150, (7,))
+    lp = dense.exact_token_logprobs(logits, tok, temperature=0.7)
+    ref = torch.log_softmax(logits.double() / 0.7, -1).gather(-1, tok[:, None])[:, 0]
+    one = dense.exact_token_logprobs(logits[3:4], tok[3:4], temperature=0.7)
+    print(
+        f"logprob err={(lp.double() - ref).abs().max().item():.3e} same={torch.equal(one[0], lp[3])}"
+    )
+
+
+if __name__ == "__main__":
+    attention_cases()
+    dense_cases()

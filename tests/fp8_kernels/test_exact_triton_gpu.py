@@ -1,0 +1,158 @@
+"""GPU tests of the exact mode's Triton kernels: the batch-invariant flash attention
+(``attention_exact_triton``), dense head GEMM and token log-softmax (``dense_exact_triton``).
+
+Invariance is tested bitwise (rows of a full-sequence call vs per-position decode calls over
+larger caches, batch 1 vs many); accuracy and gradients against float64 references with stated
+tolerances; the backward for determinism (two runs bitwise equal)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fp8rl.kernels.attention_exact_triton import exact_attention
+from fp8rl.kernels.dense_exact_triton import exact_dense_gemm, exact_token_logprobs
+from fp8rl.kernels.invariant import attention, attention_mask, dense_linear, token_logprobs
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+CUDA = "cuda"
+BF16 = torch.bfloat16
+
+
+def _qkv(b, h, hkv, lq, lk, d=128, seed=0):
+    g = torch.Generator(device=CUDA).manual_seed(seed)
+    q = torch.randn(b, h, lq, d, device=CUDA, dtype=BF16, generator=g)
+    k = torch.randn(b, hkv, lk, d, device=CUDA, dtype=BF16, generator=g)
+    v = torch.randn(b, hkv, lk, d, device=CUDA, dtype=BF16, generator=g)
+    return q, k, v
+
+
+def _reference(q, k, v, mask, scale):
+    """float64 attention (the CPU exact path's math)."""
+    groups = q.shape[1] // k.shape[1]
+    k = k.double().repeat_interleave(groups, 1)
+    v = v.double().repeat_interleave(groups, 1)
+    s = (q.double() @ k.transpose(-1, -2)) * scale
+    return torch.softmax(s.masked_fill(~mask, float("-inf")), -1) @ v
+
+
+@pytest.mark.parametrize("length", [1, 77, 300])
+def test_full_sequence_rows_equal_decode_steps_over_larger_caches(length):
+    b, h, hkv, d = 3, 8, 2, 128
+    q, k, v = _qkv(b, h, hkv, length, length)
+    pos = torch.arange(length, device=CUDA).expand(b, length)
+    k_len = torch.tensor([length, max(1, length // 2), length], device=CUDA)
+    mask = attention_mask(pos, k_len, length)
+    full = attention(q, k, v, mask, scale=d**-0.5, exact=True)
+    for capacity in (length, length + 5, length + 200):
+        kc = torch.zeros(b, hkv, capacity, d, device=CUDA, dtype=BF16)
+        vc = torch.randn(b, hkv, capacity, d, device=CUDA, dtype=BF16)  # stale tail values
+        kc[:, :, :length], vc[:, :, :length] = k, v
+        for p in sorted({0, length // 3, length - 1}):
+            qp = pos[:, p : p + 1]
+            step_mask = attention_mask(qp, k_len, capacity)
+            out = attention(q[:, :, p : p + 1], kc, vc, step_mask, scale=d**-0.5, exact=True)
+            assert torch.equal(out, full[:, :, p : p + 1]), (capacity, p)
+
+
+def test_rows_do_not_depend_on_the_batch():
+    b, h, hkv, length, d = 6, 4, 4, 200, 128
+    q, k, v = _qkv(b, h, hkv, length, length, seed=1)
+    nvis = torch.arange(1, length + 1, device=CUDA).expand(b, length)
+    many = exact_attention(q, k, v, nvis, scale=d**-0.5)
+    for i in (0, 4):
+        s = slice(i, i + 1)
+        assert torch.equal(exact_attention(q[s], k[s], v[s], nvis[s], scale=d**-0.5), many[s])
+
+
+def test_prefix_keyword_arguments_match_the_mask():
+    b, h, hkv, length, d = 2, 8, 2, 130, 64
+    q, k, v = _qkv(b, h, hkv, length, length, d=d, seed=2)
+    pos = torch.arange(length, device=CUDA).expand(b, length)
+    k_len = torch.tensor([length, 50], device=CUDA)
+    mask = attention_mask(pos, k_len, length)
+    a = attention(q, k, v, mask, scale=d**-0.5, exact=True)
+    kw = attention(q, k, v, mask, scale=d**-0.5, exact=True, q_pos=pos, k_len=k_len)
+    assert torch.equal(a, kw)
+
+
+def test_forward_is_close_to_float64_attention():
+    b, h, hkv, length, d = 2, 8, 2, 513, 128
+    q, k, v = _qkv(b, h, hkv, length, length, seed=3)
+    pos = torch.arange(length, device=CUDA).expand(b, length)
+    mask = attention_mask(pos, torch.tensor([length, 400], device=CUDA), length)
+    out = attention(q, k, v, mask, scale=d**-0.5, exact=True)
+    ref = _reference(q, k, v, mask, d**-0.5)
+    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_backward_is_close_to_float64_and_deterministic():
+    b, h, hkv, length, d = 2, 8, 2, 300, 128
+    q, k, v = _qkv(b, h, hkv, length, length, seed=4)
+    pos = torch.arange(length, device=CUDA).expand(b, length)
+    k_len = torch.tensor([length, 211], device=CUDA)
+    mask = attention_mask(pos, k_len, length)
+    grad = torch.randn(b, h, length, d, device=CUDA, dtype=BF16)
+
+    def grads(dtype, fn):
+        ins = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        (fn(*ins).to(dtype) * grad.to(dtype)).sum().backward()
+        return [t.grad for t in ins]
+
+    triton_run = lambda *t: attention(*t, mask, scale=d**-0.5, exact=True)  # noqa: E731
+    first = grads(BF16, triton_run)
+    second = grads(BF16, triton_run)
+    ref = grads(torch.float64, lambda *t: _reference(*t, mask, d**-0.5))
+    for a, a2, r in zip(first, second, ref, strict=True):
+        assert torch.equal(a, a2)
+        err = (a.double() - r).abs().max() / r.abs().max()
+        assert err < 2e-2, err.item()
+
+
+def test_dense_gemm_rows_are_bitwise_equal_at_m1_and_m4096():
+    w = torch.randn(4000, 1024, device=CUDA) * 0.02  # fp32 master weight, used as BF16
+    x = torch.randn(4096, 1024, device=CUDA, dtype=BF16)
+    big = dense_linear(x, w, exact=True)
+    for row in (0, 17, 4095):
+        assert torch.equal(dense_linear(x[row : row + 1], w, exact=True)[0], big[row])
+    ref = x.double() @ w.to(BF16).double().t()
+    torch.testing.assert_close(big.double(), ref, atol=1e-2, rtol=1e-2)
+
+
+def test_dense_gemm_gradients_match_autograd_of_the_bf16_linear():
+    w = (torch.randn(300, 256, device=CUDA) * 0.05).requires_grad_()
+    x = torch.randn(2, 5, 256, device=CUDA, dtype=BF16, requires_grad=True)
+    g = torch.randn(2, 5, 300, device=CUDA, dtype=BF16)
+    (exact_dense_gemm(x, w) * g).sum().backward()
+    gx, gw = x.grad, w.grad
+    x.grad = w.grad = None
+    (torch.nn.functional.linear(x, w.to(BF16)) * g).sum().backward()
+    torch.testing.assert_close(gx, x.grad, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(gw, w.grad, atol=2e-2, rtol=2e-2)
+
+
+def test_token_logprobs_rows_do_not_depend_on_the_batch_and_match_float64():
+    logits = torch.randn(64, 128256, device=CUDA, dtype=BF16) * 3
+    tokens = torch.randint(0, 128256, (64,), device=CUDA)
+    for t in (1.0, 0.7):
+        many = token_logprobs(logits, tokens, temperature=t, exact=True)
+        for row in (0, 63):
+            one = token_logprobs(
+                logits[row : row + 1], tokens[row : row + 1], temperature=t, exact=True
+            )
+            assert torch.equal(one[0], many[row])
+        ref = torch.log_softmax(logits.double() / t, -1).gather(-1, tokens[:, None])[:, 0]
+        torch.testing.assert_close(many.double(), ref, atol=1e-4, rtol=1e-5)
+
+
+def test_token_logprobs_gradient_matches_float64():
+    logits = (torch.randn(8, 1000, device=CUDA) * 2).requires_grad_()
+    tokens = torch.randint(0, 1000, (8,), device=CUDA)
+    exact_token_logprobs(logits, tokens, temperature=0.8).sum().backward()
+    got = logits.grad
+    ref_in = logits.detach().double().requires_grad_()
+    torch.log_softmax(ref_in / 0.8, -1).gather(-1, tokens[:, None]).sum().backward()
+    torch.testing.assert_close(got.double(), ref_in.grad, atol=1e-5, rtol=1e-4)
