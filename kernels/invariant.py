@@ -16,7 +16,8 @@ deterministic per element. Masked attention keys contribute exact zeros, so a de
 KV cache of any capacity equals the trainer's causal row.
 
 On CUDA (BF16/FP16 activations) exact attention, the dense (vocabulary) head and the token
-log-softmax run batch-invariant Triton kernels with fp32 accumulation instead of float64
+log-softmax run batch-invariant Triton kernels, and RMSNorm / SiLU·mul the fast path's Triton
+kernels (one program per row; elementwise) with fp32 accumulation instead of float64
 (``attention_exact_triton``, ``dense_exact_triton``; their docstrings give the invariance
 argument): a row's bits still depend only on that row, so the engine (prefill, decode over any
 cache) and the trainer agree bitwise on the GPU, as the float64 paths make them agree on CPU.
@@ -48,12 +49,13 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, *, exact: bool = False) -> T
         weight: [H] gain (any float dtype; cast to the compute dtype like Hugging Face Llama).
         eps: added to the mean square.
         exact: compute the mean square in float64 (batch-invariant after rounding). Without it,
-            ``fused.rms_norm_fast``: on CUDA the values the fused norm-quant kernel of the
+            and in exact mode on CUDA with BF16/FP16 ``x`` (a whole row per program, float64
+            mean square rounded once: the same invariance), ``fused.rms_norm_fast``: on CUDA the values the fused norm-quant kernel of the
             rollout engine quantizes, bitwise (the trainer and the engine round alike).
     Returns:
         [..., H] in x.dtype.
     """
-    if not exact:
+    if not exact or triton_exact(x):
         return rms_norm_fast(x, weight, eps)
     h = x.to(torch.float64)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
@@ -64,10 +66,11 @@ def silu_mul(gate: Tensor, up: Tensor, *, exact: bool = False) -> Tensor:
     """SwiGLU's elementwise part ``silu(gate) * up`` ([..., I] → [..., I], dtype of ``gate``).
 
     ``exact`` evaluates in float64 so vectorised and scalar ``exp`` paths round to the same BF16.
-    Without it, ``fused.silu_mul_fast``: on CUDA the values the fused SwiGLU-quant kernel of the
+    Without it, and in exact mode on CUDA with BF16/FP16 (one elementwise Triton kernel: the
+    same instructions for every element whatever the shape), ``fused.silu_mul_fast``: on CUDA the values the fused SwiGLU-quant kernel of the
     rollout engine quantizes, bitwise.
     """
-    if not exact:
+    if not exact or triton_exact(gate):
         return silu_mul_fast(gate, up)
     return (F.silu(gate.double()) * up.double()).to(gate.dtype)
 
@@ -116,8 +119,8 @@ def triton_exact(x: Tensor) -> bool:
 
 def float64_inside(fn, x: Tensor) -> bool:
     """Whether the exact op ``fn`` on input ``x`` creates float64 intermediates worth recomputing
-    in the backward (``recompute.recomputed``); the Triton attention saves only BF16 tensors."""
-    return not (fn is attention and triton_exact(x))
+    in the backward (``recompute.recomputed``); the Triton paths save only BF16 tensors."""
+    return not (fn in (attention, rms_norm, silu_mul) and triton_exact(x))
 
 
 def attention(
