@@ -147,8 +147,9 @@ class _NotFound(Exception):
 
 @dataclass(frozen=True)
 class LocalRay:
-    """A Ray head on this machine: its dashboard URL, the pid of ``ray start --block`` and its
-    private temp dir (sessions, logs, sockets)."""
+    """A Ray head on this machine: its dashboard URL, the pid of ``ray start --block`` (for a
+    private head started without ``--block``: the id of the session its processes are in) and
+    its private temp dir (sessions, logs, sockets)."""
 
     dashboard_url: str
     gcs_address: str
