@@ -118,8 +118,9 @@ class TrainerWorker(TrainerBackend):
         # The model holds the weights: no second copy of the source's (memory of small machines).
         self.source = dataclasses.replace(self.source, state_dict=None)
         self.model.gradient_checkpointing = trainer.gradient_checkpointing
-        if self.device.type == "cpu":  # freed temporaries leave the heap between the blocks
-            self._trim_hooks = release_between_blocks(self.model.model.layers)
+        self._trim_hooks = (  # on CPU, freed temporaries leave the heap between the blocks
+            release_between_blocks(self.model.model.layers) if self.device.type == "cpu" else []
+        )
         self.layer_precision = layer_precision(model, precision, role="trainer", trainable=True)
         self.receivers = {
             role: layer_precision(model, precision, role=role, trainable=False)
