@@ -19,21 +19,37 @@ import time
 from pathlib import Path
 
 
-def descendants(root: int) -> list[int]:
-    """``root`` and every process below it (by parent pid)."""
+def descendants(root: int, sessions: set[int]) -> list[int]:
+    """``root``, every process below it (by parent pid), and every process of a session in
+    ``sessions`` and below it. Sessions that descendants lead are added to ``sessions``: a
+    private Ray head's processes are orphaned when ``ray start`` (no ``--block``) returns, and
+    stay findable by the session id it created."""
     children: dict[int, list[int]] = {}
+    members: list[int] = []
+    leaders: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            ppid, sid = int(fields[1]), int(fields[3])
         except (OSError, IndexError, ValueError):
             continue
-        children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [root]
+        pid = int(entry.name)
+        children.setdefault(ppid, []).append(pid)
+        if sid == pid:
+            leaders[pid] = sid
+        if sid in sessions:
+            members.append(pid)
+    found, todo, seen = [], [root, *members], set()
     while todo:
         pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
         found.append(pid)
+        if pid in leaders:
+            sessions.add(pid)
         todo.extend(children.get(pid, []))
     return found
 
@@ -72,8 +88,9 @@ def main() -> int:
             ],
         }
 
+    sessions: set[int] = set()
     while proc.poll() is None:
-        rows = [(pid, m) for pid in descendants(proc.pid) if (m := memory_kib(pid))]
+        rows = [(pid, m) for pid in descendants(proc.pid, sessions) if (m := memory_kib(pid))]
         pss, rss = sum(m[0] for _, m in rows), sum(m[1] for _, m in rows)
         peak_rss = max(peak_rss, rss)
         if pss > peak_pss:

@@ -25,6 +25,7 @@ from fp8rl.services.data import PromptSampler, build_dataset
 from fp8rl.services.eval_phase import Evaluator
 from fp8rl.services.health import HealthGuard
 from fp8rl.services.mismatch_attribution import attribution_due, attribution_metrics
+from fp8rl.services.model_cache import convert_gguf_in_child
 from fp8rl.services.oom import oom_message
 from fp8rl.services.preflight import preflight
 from fp8rl.services.rollout_phase import PromptFeed, collect
@@ -173,6 +174,7 @@ def open_session(job: JobSpec, reporter: Any) -> Session | None:
 
     Returns None when a resumed run has nothing left to do.
     """
+    convert_gguf_in_child(job.model.path)  # a first run's conversion: not in the driver's memory
     preflight(job, local=True)  # unimplemented options, missing files: fail before anything starts
     for warning in spec_warnings(job):  # runs, but may not learn (bf16 master with a small lr)
         log.warning("%s", warning)

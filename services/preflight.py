@@ -13,6 +13,7 @@ import difflib
 import importlib.util
 import os
 import string
+import tempfile
 from pathlib import Path
 
 from fp8rl.protocol import JobSpec, SpecError
@@ -102,8 +103,16 @@ RESUME_KEYWORDS = ("auto", "never")
 def resume_problems(resume: str) -> list[str]:
     """``checkpoint.resume`` must be a keyword or an existing path (a typo such as ``atuo`` would
     otherwise fail only once the run starts, as a missing checkpoint)."""
-    if resume in RESUME_KEYWORDS or Path(resume).expanduser().exists():
+    if resume in RESUME_KEYWORDS:
         return []
+    path = Path(resume).expanduser()
+    if path.exists():
+        if _holds_checkpoint(path):
+            return []
+        return [
+            f"checkpoint.resume: {resume!r} exists but is not a checkpoint: name a step_<N> "
+            "checkpoint, or a run or checkpoints directory that holds one (or use auto / never)"
+        ]
     hint = difflib.get_close_matches(resume.lower(), RESUME_KEYWORDS, n=1, cutoff=0.5)
     return [
         f"checkpoint.resume: {resume!r} is neither {' nor '.join(RESUME_KEYWORDS)} nor an existing "
@@ -112,9 +121,39 @@ def resume_problems(resume: str) -> list[str]:
     ]
 
 
+def _holds_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is a checkpoint, or a run/checkpoints directory with ``step_<N>`` in it
+    (structure only; the run verifies the files)."""
+    from fp8rl.services.checkpoint_manifest import CHECKPOINTS, META, checkpoint_steps, step_of
+
+    if step_of(path) is not None or (path / META).is_file():
+        return True
+    root = path / CHECKPOINTS if (path / CHECKPOINTS).is_dir() else path
+    return bool(checkpoint_steps(root))
+
+
+def output_dir_problems(output_dir: str) -> list[str]:
+    """``output_dir`` must be a directory this process can create the run directory in: tried
+    by creating (and removing) an empty directory in it, or in its nearest existing parent."""
+    path = Path(output_dir).expanduser()
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        return [f"output_dir: {output_dir} — {existing} is a file, not a directory"]
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".fp8rl-validate-", dir=existing))
+    except OSError as exc:
+        return [
+            f"output_dir: {output_dir} is not writable here ({existing}: {exc.strerror}); "
+            "set output_dir to a directory you can write"
+        ]
+    return []
+
+
 def local_problems(job: JobSpec) -> list[str]:
     """Files, extras and reward functions on this machine."""
-    out = resume_problems(job.checkpoint.resume)
+    out = resume_problems(job.checkpoint.resume) + output_dir_problems(job.output_dir)
     kind, _, _ = job.model.path.partition(":")
     if kind not in ("builtin", "random") and not Path(job.model.path).expanduser().exists():
         out.append(
@@ -153,8 +192,8 @@ def local_problems(job: JobSpec) -> list[str]:
     from fp8rl.workers.reward.functions import resolve_reward_fn
 
     for i, fn in enumerate(job.reward.functions):
-        if fn.name in BUILTIN_REWARDS:
-            continue
+        if fn.name in BUILTIN_REWARDS or ("." not in fn.name and ":" not in fn.name):
+            continue  # a built-in, or a name ``unsupported`` has reported already
         try:
             resolve_reward_fn(fn.name)
         except ValueError as exc:

@@ -2,11 +2,13 @@
 
 ``ray.init(address="local")`` starts Ray's processes from the driver; when the driver is killed
 with SIGKILL some of them (the dashboard and runtime-env agents) outlive it. Instead the driver
-starts its own head with ``ray start --head --block`` in a new session (``start_local_ray``) and
+starts its own head with ``ray start --head`` in a new session (``start_local_ray(dashboard=
+False)``, through ``services/ray_head.py``: no dashboard, no client server, and no ``--block``
+process: ``ray start`` returns once the node is up and its processes stay in that session) and
 a small watchdog process (this module's ``main``), also in its own session, that polls the
 driver's pid. When the driver is gone, for any reason, the watchdog stops the head: SIGTERM to
-``ray start``, then SIGKILL to every process still in the head's session, then removes the
-head's temp dir. ``stop`` does the same at a normal exit.
+every process of the head's session, SIGKILL to those still there after a grace period, then
+removes the head's temp dir. ``stop`` does the same at a normal exit.
 
 Ray's auth-token file (``~/.ray/auth_token`` or ``$RAY_AUTH_TOKEN_PATH``) is made private (0600)
 whenever a head is started (``start_local_ray``, also for ``fp8rl serve``): Ray writes it
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -90,12 +93,25 @@ def start_private_ray(*, num_cpus: int | None = None) -> PrivateRay:
 
 
 def stop_head(head: LocalRay, *, grace_s: float = 10.0) -> None:
-    """SIGTERM to ``ray start --block``, then SIGKILL to all of its session, then its temp dir."""
-    head.stop(timeout_s=grace_s)
-    for pid in session_members(head.pid):
+    """SIGTERM to every process of the head's session (``head.pid`` is its id), SIGKILL to those
+    left after ``grace_s``, then remove the head's temp dir.
+
+    The session, not the pid: the ``ray start`` that led it has exited (a private head runs
+    without ``--block``), and its pid may since belong to another process.
+    """
+    _signal_all(session_members(head.pid), signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while session_members(head.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    _signal_all(session_members(head.pid), signal.SIGKILL)
+    if head.temp_dir:
+        shutil.rmtree(head.temp_dir, ignore_errors=True)
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    head.stop(timeout_s=0, remove_files=True)
+            os.kill(pid, sig)
 
 
 def session_members(session_id: int) -> list[int]:
@@ -128,9 +144,9 @@ def main(argv: list[str]) -> int:
     """``python -m fp8rl.services.private_ray DRIVER_PID HEAD_PID TEMP_DIR``: the watchdog."""
     driver, head_pid, temp_dir = int(argv[0]), int(argv[1]), argv[2]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the driver stopped the head itself
-    while _alive(driver) and _alive(head_pid):
+    while _alive(driver) and session_members(head_pid):  # ~1 ms a scan of /proc
         time.sleep(POLL_S)
-    if _alive(head_pid) or session_members(head_pid):
+    if session_members(head_pid):
         stop_head(LocalRay("", "", head_pid, temp_dir))
     return 0
 

@@ -11,6 +11,14 @@ holds only its live data lowers the machine's peak.
 
 ``malloc_trim`` walks the arenas and ``madvise``s their free pages away: milliseconds here, no
 effect on values. A no-op where glibc is absent (macOS, musl).
+
+Within a phase the same happens on a smaller scale: the trainer's forward and backward of one
+micro-batch free hundreds of MB of float64 temporaries (exact mode) between the layers, and the
+heap kept them resident: at the quickstart trainer's peak (the last micro-batch's backward,
+with the workers' malloc settings of ``services/runtime.py``) RSS was 3.43 GB for 2.63 GB of
+live tensors. ``release_between_blocks`` trims after each block's forward and when its output's
+gradient arrives in the backward: peak 3.15 GB, the values unchanged (hooks only observe; no
+tensor is touched), ~3 s more CPU time a step (the trimmed pages fault back in).
 """
 
 from __future__ import annotations
@@ -18,10 +26,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-__all__ = ["release_free_memory", "returns_free_memory"]
+import torch
+from torch import nn
+
+__all__ = ["release_between_blocks", "release_free_memory", "returns_free_memory"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -53,3 +64,29 @@ def returns_free_memory(method: F) -> F:
             release_free_memory()
 
     return wrapper  # type: ignore[return-value]
+
+
+def release_between_blocks(blocks: Iterable[nn.Module]) -> list[Any]:
+    """Trim the heap after each of ``blocks``' forwards and as each one's output gradient arrives.
+
+    Hooks only (a forward hook, and a gradient hook on the block's output that returns None), so
+    the forward, the backward and their values are unchanged; each trim costs milliseconds.
+
+    Args:
+        blocks: modules whose forward returns a Tensor or a tuple whose first item is one (the
+            decoder's blocks).
+    Returns:
+        The forward-hook handles (``handle.remove()`` undoes it).
+    """
+    return [block.register_forward_hook(_trim_after) for block in blocks]
+
+
+def _trim_after(module: nn.Module, inputs: Any, output: Any) -> None:
+    release_free_memory()
+    out = output[0] if isinstance(output, tuple) else output
+    if isinstance(out, torch.Tensor) and out.requires_grad:
+        out.register_hook(_trim_on_grad)
+
+
+def _trim_on_grad(grad: torch.Tensor) -> None:
+    release_free_memory()

@@ -147,8 +147,9 @@ class _NotFound(Exception):
 
 @dataclass(frozen=True)
 class LocalRay:
-    """A Ray head on this machine: its dashboard URL, the pid of ``ray start --block`` and its
-    private temp dir (sessions, logs, sockets)."""
+    """A Ray head on this machine: its dashboard URL, the pid of ``ray start --block`` (for a
+    private head started without ``--block``: the id of the session its processes are in) and
+    its private temp dir (sessions, logs, sockets)."""
 
     dashboard_url: str
     gcs_address: str
@@ -243,10 +244,15 @@ def start_local_ray(
     ``/tmp/fp8rl-ray-*``; keep it short, Ray puts unix sockets there) keeps the head out of
     ``/tmp/ray``, so several heads share a machine without attaching each other's drivers.
 
-    ``dashboard``: run Ray's dashboard (the job-submission API of ``fp8rl serve``); the head is
-    ready when it answers. Without it (``fp8rl run``'s private head: ~10 fewer processes,
-    ~0.3 GB; nor the autoscaler's monitor, which has nothing to scale) the head is ready when ``ray start`` has written ``<temp_dir>/ray_current_cluster``,
-    which it does after every process of the node has started; ``dashboard_url`` is then empty.
+    ``dashboard``: run Ray's dashboard (the job-submission API of ``fp8rl serve``) under
+    ``ray start --block`` (the returned pid; stopping it stops the head); the head is ready when
+    the dashboard answers. Without it: ``fp8rl run``'s private head, for one driver that talks to
+    the GCS only (``services/ray_head.py``): no dashboard (~10 processes, ~0.3 GB), no autoscaler
+    monitor (nothing to scale), no Ray client server (0.05 GB), and no ``--block`` (0.14 GB):
+    ``ray start`` returns once every process of the node is up and has written
+    ``<temp_dir>/ray_current_cluster``. The returned pid is then that of the exited ``ray
+    start``: the id of the session its processes stay in (``private_ray.stop_head`` stops them
+    by it); ``dashboard_url`` is empty.
 
     Raises:
         RuntimeError: the head did not come up within ``timeout_s`` (the log tail says why).
@@ -258,21 +264,24 @@ def start_local_ray(
     command = [
         sys.executable,
         "-m",
-        "ray.scripts.scripts",
-        "start",
+        *(
+            ("ray.scripts.scripts", "start", "--block")
+            if dashboard
+            else ("fp8rl.services.ray_head",)
+        ),
         "--head",
-        "--block",
         f"--port={gcs}",
         "--node-ip-address=127.0.0.1",
         f"--include-dashboard={str(dashboard).lower()}",
         "--dashboard-host=127.0.0.1",
         f"--dashboard-port={dashboard_port}",
-        f"--ray-client-server-port={client}",
         f"--dashboard-agent-listen-port={agent}",
         f"--temp-dir={temp_dir}",
         "--disable-usage-stats",
     ]
-    if not dashboard:
+    if dashboard:
+        command.append(f"--ray-client-server-port={client}")
+    else:
         command.append("--no-monitor")  # the autoscaler's monitor: nothing to scale on one node
     if num_cpus is not None:
         command.append(f"--num-cpus={num_cpus}")
@@ -283,9 +292,15 @@ def start_local_ray(
         )
     url = f"http://127.0.0.1:{dashboard_port}" if dashboard else ""
     deadline = time.monotonic() + timeout_s
-    while not (dashboard_alive(url) if dashboard else _head_written(temp_dir)):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            LocalRay(url, "", proc.pid, str(temp_dir)).stop(timeout_s=10)
+    while not (dashboard_alive(url) if dashboard else _head_up(proc, temp_dir)):
+        exited = proc.poll() is not None and (dashboard or proc.returncode != 0)
+        if exited or time.monotonic() > deadline:
+            if dashboard:
+                LocalRay(url, "", proc.pid, str(temp_dir)).stop(timeout_s=10)
+            else:  # whatever the failed `ray start` left in its session
+                from fp8rl.services.private_ray import stop_head
+
+                stop_head(LocalRay(url, "", proc.pid, str(temp_dir)), grace_s=10)
             tail = log_path.read_text(errors="replace").splitlines()[-15:]
             raise RuntimeError(
                 f"local Ray head did not start (log {log_path}):\n" + "\n".join(tail)
@@ -295,11 +310,12 @@ def start_local_ray(
     return LocalRay(url, f"127.0.0.1:{gcs}", proc.pid, str(temp_dir))
 
 
-def _head_written(temp_dir: Path) -> bool:
-    """Whether ``ray start`` has written its address file (after the node's processes started)."""
+def _head_up(proc: subprocess.Popen, temp_dir: Path) -> bool:
+    """Whether ``ray start`` (without ``--block``) has returned 0 after writing its address file
+    (it writes it once the node's processes have started)."""
     from ray._private.utils import read_ray_address
 
-    return bool(read_ray_address(str(temp_dir)))
+    return proc.poll() == 0 and bool(read_ray_address(str(temp_dir)))
 
 
 def ensure_local_ray(data_dir: Path) -> LocalRay:

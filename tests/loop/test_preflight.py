@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 
@@ -124,3 +125,36 @@ def test_run_with_a_missing_dataset_exits_2_with_one_line_before_ray(tmp_path):
     assert done.returncode == 2
     assert "data.train.path: " in done.stderr and "Traceback" not in done.stderr
     assert "Started a local Ray" not in done.stdout + done.stderr
+
+
+def test_an_unknown_reward_name_is_reported_once_when_checked_locally():
+    (problem,) = _problems("reward.functions=[{name: nope}]")
+    assert problem.startswith("reward.functions.0.name: 'nope' is neither a built-in")
+
+
+def test_a_resume_directory_that_holds_no_checkpoint_is_refused_naming_the_field(tmp_path):
+    (problem,) = _problems(f"checkpoint.resume={tmp_path}", f"output_dir={tmp_path}")
+    assert problem.startswith(f"checkpoint.resume: '{tmp_path}' exists but is not a checkpoint")
+    (tmp_path / "checkpoints" / "step_3").mkdir(parents=True)  # a run directory: accepted
+    preflight(
+        parse_job_spec("", [f"checkpoint.resume={tmp_path}", f"output_dir={tmp_path}"]),
+        local=True,
+    )
+
+
+def test_an_output_dir_that_cannot_be_written_is_refused_naming_the_field(tmp_path):
+    a_file = tmp_path / "runs"
+    a_file.write_text("")
+    (problem,) = _problems(f"output_dir={a_file}/sub")
+    assert problem.startswith(f"output_dir: {a_file}/sub") and "not a directory" in problem
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK) and os.geteuid() == 0:
+            pytest.skip("root writes into a read-only directory")
+        (problem,) = _problems(f"output_dir={locked}/runs")
+        assert problem.startswith(f"output_dir: {locked}/runs is not writable")
+    finally:
+        locked.chmod(0o700)
+    assert not list(tmp_path.glob("**/.fp8rl-validate-*"))  # the probe leaves nothing

@@ -163,3 +163,32 @@ def test_private_head_runs_without_the_dashboard(short_tmp, monkeypatch):
     finally:
         ray.shutdown()
         private.stop()
+
+
+def test_private_head_has_no_client_server_and_no_blocking_ray_start(short_tmp, monkeypatch):
+    """Issue 18: neither Ray's client server (0.05 GB) nor a ``ray start --block`` process
+    (0.14 GB) waits beside the head; its processes live in the session of the exited ``ray
+    start``, and ``stop`` ends every one of them and removes the head's temp dir."""
+    import ray
+
+    from fp8rl.services.private_ray import start_private_ray
+
+    monkeypatch.setenv("TMPDIR", str(short_tmp))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    private = start_private_ray(num_cpus=1)
+    try:
+        assert not Path(f"/proc/{private.head.pid}").exists()  # `ray start` has returned
+        commands = []
+        for pid in session_members(private.head.pid):
+            with contextlib.suppress(OSError):
+                commands.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" "))
+        assert any(b"raylet" in c for c in commands), commands
+        assert not [c for c in commands if b"ray.util.client.server" in c]
+        assert not [c for c in commands if b"--block" in c or b" start " in c]
+        ray.init(address=private.head.gcs_address)
+        assert ray.get(ray.remote(lambda: 6 * 7).remote()) == 42
+    finally:
+        ray.shutdown()
+        private.stop()
+    assert not session_members(private.head.pid)
+    assert not Path(private.head.temp_dir).exists()

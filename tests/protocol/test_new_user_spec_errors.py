@@ -35,9 +35,12 @@ def test_a_misspelt_resume_keyword_fails_validate_naming_the_field_and_the_keywo
     assert "(set by override 'checkpoint.resume=atuo')" in result.output
 
 
-def test_resume_accepts_its_keywords_and_existing_paths_only(tmp_path):
+def test_resume_accepts_its_keywords_and_existing_checkpoints_only(tmp_path):
     assert resume_problems("auto") == [] and resume_problems("never") == []
-    assert resume_problems(str(tmp_path)) == []
+    (problem,) = resume_problems(str(tmp_path))  # exists, but holds no checkpoint
+    assert "exists but is not a checkpoint" in problem
+    (tmp_path / "step_2").mkdir()
+    assert resume_problems(str(tmp_path / "step_2")) == resume_problems(str(tmp_path)) == []
     (problem,) = resume_problems(str(tmp_path / "nope"))
     assert problem.startswith("checkpoint.resume: ") and "existing checkpoint path" in problem
 

@@ -34,7 +34,11 @@ from fp8rl.protocol import (
 )
 from fp8rl.workers.algorithms import rl_objective
 from fp8rl.workers.common import handshake, load_model, pick_device
-from fp8rl.workers.host_memory import release_free_memory, returns_free_memory
+from fp8rl.workers.host_memory import (
+    release_between_blocks,
+    release_free_memory,
+    returns_free_memory,
+)
 from fp8rl.workers.model.build import DTYPES, cast_dense, layer_precision
 from fp8rl.workers.model.decoder import Decoder
 from fp8rl.workers.model.scoring import PackedBatch
@@ -114,6 +118,9 @@ class TrainerWorker(TrainerBackend):
         # The model holds the weights: no second copy of the source's (memory of small machines).
         self.source = dataclasses.replace(self.source, state_dict=None)
         self.model.gradient_checkpointing = trainer.gradient_checkpointing
+        self._trim_hooks = (  # on CPU, freed temporaries leave the heap between the blocks
+            release_between_blocks(self.model.model.layers) if self.device.type == "cpu" else []
+        )
         self.layer_precision = layer_precision(model, precision, role="trainer", trainable=True)
         self.receivers = {
             role: layer_precision(model, precision, role=role, trainable=False)
@@ -308,6 +315,7 @@ class TrainerWorker(TrainerBackend):
                 rollout_logp=micro.rollout_logp,
                 loss_denominator=denominator,
             )
+            release_free_memory()  # the forward's freed temporaries, before the backward's
             (loss * self.world_size).backward()  # FSDP averages over ranks; the loss is global
             release_free_memory()  # this micro-batch's activations, before the next one's
             for k, v in metrics.items():
