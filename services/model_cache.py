@@ -38,10 +38,10 @@ def convert_gguf_in_child(model_path: str) -> bool:
     gguf = _gguf_file(model_path)
     if gguf is None:
         return False
-    from fp8rl.workers.model.loading import cache_dir
+    from fp8rl.workers.model.loading import gguf_cache_target
 
-    if any(cache_dir().glob(f"{gguf.stem}-*/config.json")):
-        return False
+    if (gguf_cache_target(gguf) / "config.json").exists():
+        return False  # this very file is converted (another install's copy does not count)
     done = subprocess.run([sys.executable, "-c", _CONVERT, model_path], check=False)
     if done.returncode != 0:
         log.warning("converting %s in a child process failed; converting here", gguf.name)

@@ -42,11 +42,23 @@ def test_an_uncached_gguf_is_converted_in_a_child_process(tmp_path, monkeypatch,
 def test_a_cached_gguf_starts_no_child(tmp_path, monkeypatch, children):
     monkeypatch.setenv("FP8RL_CACHE", str(tmp_path / "cache"))
     gguf = _fake_gguf(tmp_path)
-    converted = tmp_path / "cache" / f"{gguf.stem}-0123456789ab"
+    converted = loading.gguf_cache_target(gguf)
     converted.mkdir(parents=True)
     (converted / "config.json").write_text("{}")
     assert not model_cache.convert_gguf_in_child(str(gguf))
     assert children == []
+
+
+def test_another_copys_conversion_does_not_count_as_cached(tmp_path, monkeypatch, children):
+    """A second install (a clean clone's venv) has its own copy of the GGUF and its own cache
+    key: the conversion of the first copy must not keep the second one's out of the child."""
+    monkeypatch.setenv("FP8RL_CACHE", str(tmp_path / "cache"))
+    gguf = _fake_gguf(tmp_path)
+    other = tmp_path / "cache" / f"{gguf.stem}-0123456789ab"
+    other.mkdir(parents=True)
+    (other / "config.json").write_text("{}")
+    assert model_cache.convert_gguf_in_child(str(gguf))
+    assert len(children) == 1
 
 
 def test_models_that_need_no_conversion_start_no_child(tmp_path, children):
@@ -59,6 +71,7 @@ def test_the_child_resolves_the_model_and_reports_its_exit_code(tmp_path, monkey
     """The child's code really runs ``resolve_model``: a resolvable path succeeds, a broken one
     fails (the caller then converts, or reports the problem, itself)."""
     monkeypatch.setenv("FP8RL_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "x.gguf").write_bytes(b"GGUF")
     monkeypatch.setattr(model_cache, "_gguf_file", lambda path: tmp_path / "x.gguf")
     assert model_cache.convert_gguf_in_child("random:small-llama")  # needs no tokenizer
     assert not model_cache.convert_gguf_in_child("random:no-such-preset")

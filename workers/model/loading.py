@@ -127,13 +127,19 @@ def _read_safetensors(directory: Path) -> dict[str, Tensor]:
     return state
 
 
-def hf_dir_for_gguf(gguf: Path) -> Path:
-    """A cached Hugging Face directory converted from ``gguf`` (created once, atomically)."""
+def gguf_cache_target(gguf: Path) -> Path:
+    """The cache directory ``hf_dir_for_gguf`` converts ``gguf`` into (keyed by the file's
+    resolved path, size and mtime: another copy of the same file has its own directory)."""
     stat = gguf.stat()
     key = hashlib.sha256(
         f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
     ).hexdigest()[:12]
-    target = cache_dir() / f"{gguf.stem}-{key}"
+    return cache_dir() / f"{gguf.stem}-{key}"
+
+
+def hf_dir_for_gguf(gguf: Path) -> Path:
+    """A cached Hugging Face directory converted from ``gguf`` (created once, atomically)."""
+    target = gguf_cache_target(gguf)
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
