@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fp8rl.kernels.backend import triton_available
-from fp8rl.kernels.dense_exact import MIN_ELEMENTS, exact_dense_linear
+from fp8rl.kernels.dense_exact import MIN_ELEMENTS, DeferredWeightGrad, exact_dense_linear
 from fp8rl.kernels.fused import rms_norm_fast, silu_mul_fast
 
 
@@ -178,7 +178,12 @@ def attention(
 
 
 def dense_linear(
-    x: Tensor, weight: Tensor, bias: Tensor | None = None, *, exact: bool = False
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    *,
+    exact: bool = False,
+    deferred: DeferredWeightGrad | None = None,
 ) -> Tensor:
     """y = x·Wᵀ + b for layers kept in BF16/FP32 (lm_head, embeddings-tied heads, BF16 mode).
 
@@ -187,14 +192,16 @@ def dense_linear(
     accumulates in float64 and rounds once (on CUDA with BF16/FP16 ``x``: the batch-invariant
     fp32 Triton GEMM of ``dense_exact_triton``); a weight of ``dense_exact.MIN_ELEMENTS`` or more
     (a vocabulary head) is processed ``dense_exact.ROWS`` rows at a time, forward and backward,
-    so its float64 copy and gradient never exist whole.
+    so its float64 copy and gradient never exist whole. ``deferred`` (a tied head): that blocked
+    path keeps ∇W for ``deferred.total`` instead of returning it; the other paths ignore it and
+    return ∇W to autograd.
     """
     if exact and triton_exact(x):
         from fp8rl.kernels.dense_exact_triton import exact_dense_gemm
 
         return exact_dense_gemm(x, weight, bias)
     if exact and weight.numel() >= MIN_ELEMENTS:  # a vocabulary head: no float64 copy of it all
-        return exact_dense_linear(x, weight, bias)
+        return exact_dense_linear(x, weight, bias, deferred=deferred)
     w = weight.to(x.dtype)
     b = None if bias is None else bias.to(x.dtype)
     if not exact:

@@ -1,29 +1,18 @@
-"""Held-out evaluation inside a run: the rollout engines generate, a reward actor per set scores.
+"""Held-out evaluation inside a run: the rollout engines generate, a reward pool per set scores.
 
 ``services.evaluation.evaluate`` does the counting (pass@1, mean@n); this module binds it to the
-run's engines, tokenizer and reward actors (one per distinct reward set, created on first use).
+run's engines, tokenizer and reward pools (one per distinct reward set, created on first use).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import ray
-
 from fp8rl.protocol import JobSpec, SamplingParams
 from fp8rl.services.data import build_dataset, dataset_name, render_prompt
 from fp8rl.services.evaluation import evaluate
+from fp8rl.services.reward_pool import RewardPool
 from fp8rl.services.rollout_phase import generate
-
-
-class _ActorReward:
-    """``score(items)`` on a RewardWorker actor, synchronously (what ``evaluate`` expects)."""
-
-    def __init__(self, actor: Any) -> None:
-        self.actor = actor
-
-    def score(self, items: list) -> list:
-        return ray.get(self.actor.score.remote(items))
 
 
 class Evaluator:
@@ -35,26 +24,24 @@ class Evaluator:
         for spec in job.eval.datasets:
             records = build_dataset(spec)[: job.eval.limit]
             self.sets.append((dataset_name(spec), records))
-        self.rewards: dict[str, Any] = {}
+        self.rewards: dict[str, RewardPool] = {}
 
     def due(self, step: int) -> bool:
         """Whether to evaluate after ``step`` (every N steps and after the last one)."""
         n = self.job.eval.every_n_steps
         return bool(self.sets) and n > 0 and ((step + 1) % n == 0 or step + 1 == self.job.steps)
 
-    def _reward(self, name: str, train_reward: Any) -> _ActorReward:
+    def _reward(self, name: str, train_reward: RewardPool) -> RewardPool:
         terms = self.job.eval.rewards.get(name)
         if terms is None:
-            return _ActorReward(train_reward)
+            return train_reward
         if name not in self.rewards:
-            from fp8rl.workers.reward.worker import RewardWorker
-
             spec = self.job.reward.model_copy(update={"functions": terms, "remote": None})
-            self.rewards[name] = ray.remote(RewardWorker).options(num_cpus=0).remote(spec)
-        return _ActorReward(self.rewards[name])
+            self.rewards[name] = RewardPool(spec)
+        return self.rewards[name]
 
     def run(
-        self, step: int, engines: list[Any], train_reward: Any
+        self, step: int, engines: list[Any], train_reward: RewardPool
     ) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """``val/<name>/*`` metrics of every evaluation set, and sample rows for a table."""
         ev = self.job.eval

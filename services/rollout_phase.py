@@ -20,6 +20,7 @@ from torch import Tensor
 from fp8rl.protocol import JobSpec, Prompt, RolloutRequest, RolloutSample, SamplingParams
 from fp8rl.protocol.reward_messages import RewardInput, RewardOutput
 from fp8rl.services.data import PromptRecord, PromptSampler, render_prompt
+from fp8rl.services.reward_pool import RewardPool
 from fp8rl.workers.algorithms import dynamic_sampling_keep, overlong_penalty
 from fp8rl.workers.model.scoring import PackedBatch, pack
 from fp8rl.workers.rollout.sampling import sequence_seed
@@ -180,7 +181,7 @@ def check_one_policy_version(versions: dict[int, int]) -> None:
 
 
 def score(
-    reward: Any,
+    reward: RewardPool,
     tokenizer: Any,
     records: list[PromptRecord],
     samples: list[RolloutSample],
@@ -188,7 +189,7 @@ def score(
     n: int,
     max_tokens: int,
 ) -> tuple[list[RewardOutput], list[str]]:
-    """Decode responses and score them with the reward actor."""
+    """Decode responses and score them with the reward pool."""
     texts = [tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in samples]
     inputs = [
         RewardInput(
@@ -202,11 +203,17 @@ def score(
         )
         for i, (s, text) in enumerate(zip(samples, texts, strict=True))
     ]
-    return ray.get(reward.score.remote(inputs)), texts
+    return reward.score(inputs), texts
 
 
 def collect(
-    job: JobSpec, feed: PromptFeed, engines: list[Any], reward: Any, tokenizer: Any, *, step: int
+    job: JobSpec,
+    feed: PromptFeed,
+    engines: list[Any],
+    reward: RewardPool,
+    tokenizer: Any,
+    *,
+    step: int,
 ) -> Rollouts:
     """Generate and score one step's batch (with DAPO dynamic sampling when enabled)."""
     algo, n, want = job.algorithm, job.rollout.n, job.data.prompts_per_step

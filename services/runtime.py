@@ -19,6 +19,7 @@ import ray
 
 from fp8rl.protocol import Handshake, JobSpec, PrecisionSpec
 from fp8rl.services.placement import PlacementPlan, RayPlacement, actor_options, plan_placement
+from fp8rl.services.reward_pool import RewardPool
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ class Workers:
 
     trainers: list[Any]
     rollout: list[Any]
-    reward: Any
+    reward: RewardPool
     references: list[Any] = field(default_factory=list)
     critics: list[Any] = field(default_factory=list)
     transport: str = "object_store"
@@ -188,11 +189,14 @@ def running_workers(job: JobSpec) -> Iterator[Workers]:
     out (success, error or Ctrl-C), so no half-started actor outlives the driver; then the
     placement group is removed."""
     started: list[Any] = []
-    plan, placement = plan_placement(job), None
+    plan, placement, workers = plan_placement(job), None, None
     try:
         placement = RayPlacement(plan) if plan.on_gpu else None
-        yield launch_workers(job, started=started, plan=plan, placement=placement)
+        workers = launch_workers(job, started=started, plan=plan, placement=placement)
+        yield workers
     finally:
+        if workers is not None:
+            workers.reward.close()  # an in-driver reward's verifier children
         for actor in started:
             with suppress(Exception):
                 ray.kill(actor)
@@ -215,7 +219,6 @@ def launch_workers(
     """
     from fp8rl.workers.critic.worker import CriticWorker
     from fp8rl.workers.reference.worker import ReferenceWorker
-    from fp8rl.workers.reward.worker import RewardWorker
     from fp8rl.workers.trainer.worker import TrainerWorker, needs_group
 
     device, seed = job.resources.device, job.seed
@@ -266,10 +269,10 @@ def launch_workers(
             )
             for rank in range(job.trainer.num_workers)
         ]
-    reward = ray.remote(RewardWorker).options(num_cpus=0, max_concurrency=2).remote(job.reward)
+    reward = RewardPool(job.reward)
     if started is not None:  # the caller kills what was started, even if a handshake fails below
         started.extend(
-            a for a in (*trainers, *rollout, *references, *critics, reward) if a is not None
+            a for a in (*trainers, *rollout, *references, *critics, *reward.actors) if a is not None
         )
     if needs_group(job.trainer):  # join the FSDP/Megatron groups: rank 0's address, all at once
         for group in (trainers, critics):

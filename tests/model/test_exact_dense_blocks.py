@@ -46,7 +46,7 @@ def test_blocked_exact_dense_equals_the_single_float64_gemm_values_and_gradients
 
 def test_dense_linear_takes_the_blocked_path_for_vocabulary_sized_weights_only(monkeypatch):
     calls = []
-    monkeypatch.setattr(invariant, "exact_dense_linear", lambda *a: calls.append(a) or a[0])
+    monkeypatch.setattr(invariant, "exact_dense_linear", lambda *a, **k: calls.append(a) or a[0])
     monkeypatch.setattr(invariant, "MIN_ELEMENTS", 1000)
     x = torch.randn(2, 8).to(torch.bfloat16)
     invariant.dense_linear(x, torch.randn(125, 8), exact=True)  # 1000 elements: blocked

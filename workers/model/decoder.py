@@ -15,6 +15,7 @@ so safetensors load without a mapping table.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from fp8rl.kernels.decode_attention import decode_attention, use_decode_attention
+from fp8rl.kernels.dense_exact import DeferredWeightGrad
 from fp8rl.kernels.fused import add_rms_norm_quant, silu_mul_quant
 from fp8rl.kernels.gemm import fp8_gemm
 from fp8rl.kernels.invariant import (
@@ -45,6 +47,7 @@ from fp8rl.workers.model.config import DecoderConfig
 from fp8rl.workers.model.fusion import fuse_quantized_linears, still_fused
 from fp8rl.workers.model.linear import LayerPrecision, make_linear
 from fp8rl.workers.model.recompute import recomputed
+from fp8rl.workers.model.tied_grad import defers_head_grad, tied_embedding
 
 
 @dataclass
@@ -389,6 +392,7 @@ class Decoder(nn.Module):
         k_len: Tensor,
         cache: KVCache | None = None,
         kv_limit: int | None = None,
+        tied_head: DeferredWeightGrad | None = None,
     ) -> Tensor:
         """Final hidden states [B, L, H] (compute dtype) for tokens at the given positions.
 
@@ -399,12 +403,18 @@ class Decoder(nn.Module):
             cache: KV cache written at ``positions`` and attended over; None = keys are this chunk.
             kv_limit: attend over the first ``kv_limit`` cache positions only (all positions and
                 keys of the step must lie below it); saves reading the unused cache tail.
+            tied_head: the tied head's deferred ∇W, which the embedding's backward sums
+                (``tied_grad``; ``score_responses`` passes it to both).
         """
         if not capturing() and int(positions.max()) >= self.rope_cos.shape[0]:
             raise ValueError(
                 f"position {int(positions.max())} exceeds max_positions {self.rope_cos.shape[0]}"
             )
-        x = F.embedding(input_ids, self.model.embed_tokens.weight).to(self.compute_dtype)
+        weight = self.model.embed_tokens.weight
+        if tied_head is None:
+            x = F.embedding(input_ids, weight).to(self.compute_dtype)
+        else:
+            x = tied_embedding(input_ids, weight, tied_head).to(self.compute_dtype)
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         limit = None if cache is None else (kv_limit or cache.capacity)
         pending = None  # the last fused block's MLP output, not yet added to x
@@ -432,10 +442,12 @@ class Decoder(nn.Module):
             layer.self_attn.fuse()
             layer.mlp.fuse()
 
-    def logits(self, hidden: Tensor) -> Tensor:
-        """Vocabulary logits [..., V] in the compute dtype from hidden states [..., H]."""
+    def logits(self, hidden: Tensor, tied_head: DeferredWeightGrad | None = None) -> Tensor:
+        """Vocabulary logits [..., V] in the compute dtype from hidden states [..., H]
+        (``tied_head``: defer a tied head's ∇W to the embedding's backward, see ``forward``)."""
         if self.config.tie_word_embeddings:
-            return dense_linear(hidden, self.model.embed_tokens.weight, exact=self.precision.exact)
+            weight, exact = self.model.embed_tokens.weight, self.precision.exact
+            return dense_linear(hidden, weight, exact=exact, deferred=tied_head)
         return self.lm_head(hidden)
 
     def score_responses(
@@ -464,13 +476,18 @@ class Decoder(nn.Module):
         """
         from fp8rl.workers.model.logprob import chunked_logprobs
 
-        hidden = self.forward(input_ids, positions, lengths)
+        tied = None
+        if self.config.tie_word_embeddings and defers_head_grad(
+            self.model.embed_tokens.weight, exact=self.precision.exact
+        ):
+            tied = DeferredWeightGrad()  # the head's ∇W, summed in the embedding's backward
+        hidden = self.forward(input_ids, positions, lengths, tied_head=tied)
         r = response_ids.shape[1]
         idx = prompt_lengths[:, None] - 1 + torch.arange(r, device=hidden.device)[None]
         idx = idx.clamp(max=hidden.shape[1] - 1)
         hidden = hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1]))
         return chunked_logprobs(
-            self.logits,
+            partial(self.logits, tied_head=tied),
             hidden,
             response_ids,
             temperature=temperature,
