@@ -42,30 +42,15 @@ WIN_MARGIN = 0.97
 """A candidate wins when its time is below this fraction of today's path (timing noise ~1-2%)."""
 
 
-def candidates(m: int, grid: str) -> list[dec.DecodeConfig]:
-    """``grid`` "split1": ``BLOCK_M`` 64, ``split_k`` 1 over ``BLOCK_N`` × warps × stages (the
-    issue's sweep). "wide": ``BLOCK_M`` 64 split 1 with 4 warps, ``BLOCK_M`` 128 for M ≥ 128, and
-    the ordered split-K for M ≤ 64."""
-    if grid == "split1":
-        return [
-            dec.DecodeConfig(64, bn, 1, warps, stages)
-            for bn in (16, 32, 64, 128)
-            for warps in (4, 8)
-            for stages in (3, 4, 5, 6)
-        ]
-    configs = [
-        dec.DecodeConfig(64, bn, 1, 4, st) for bn in (16, 32, 64, 128) for st in (3, 4, 5, 6)
+def candidates() -> list[dec.DecodeConfig]:
+    """``BLOCK_M`` 64, ``split_k`` 1 over ``BLOCK_N`` × warps × stages (the ``keeps_k_order``
+    shape; 32 configs)."""
+    return [
+        dec.DecodeConfig(64, bn, 1, warps, stages)
+        for bn in (16, 32, 64, 128)
+        for warps in (4, 8)
+        for stages in (3, 4, 5, 6)
     ]
-    if m >= 128:
-        configs += [dec.DecodeConfig(128, bn, 1, 8, st) for bn in (32, 64, 128) for st in (3, 4)]
-        configs += [dec.DecodeConfig(128, bn, 1, 4, st) for bn in (64, 128) for st in (3, 4)]
-    elif m <= 16:
-        configs += [
-            dec.DecodeConfig(64, bn, split, 4, 4, ordered=True)
-            for bn in (32, 64)
-            for split in (4, 8, 16)
-        ]
-    return configs
 
 
 def today(xq, wq):
@@ -73,7 +58,7 @@ def today(xq, wq):
     return library_gemm(xq, wq)
 
 
-def sweep_shape(n: int, k: int, ms: list[int], rep: int, grid: str) -> list[dict]:
+def sweep_shape(n: int, k: int, ms: list[int], rep: int) -> list[dict]:
     """Per M: today's path, BF16, and every candidate (time, bitwise vs the trainer's rows)."""
     copies = min(8, max(2, triton.cdiv(3 * 60 * 2**20, n * k)))
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
@@ -93,7 +78,7 @@ def sweep_shape(n: int, k: int, ms: list[int], rep: int, grid: str) -> list[dict
         if tuned is not None:
             tuned_us = bench_graph(_decode_fns(xq, quantized, tuned[0]), rep) * 1e3
         timed = []
-        for cfg in candidates(m, grid):
+        for cfg in candidates():
             try:
                 out = dec.fp8_gemm_decode(xq, quantized[0], out_dtype=torch.bfloat16, config=cfg)[0]
             except Exception as err:  # a tile the compiler refuses (e.g. BLOCK_N 16, 8 warps)
@@ -145,15 +130,14 @@ def render(rows: list[dict], stamp: str, env: str) -> str:
         "(`scaled_mm` for M ≥ 16, tiled Triton below); `safe` = fastest candidate whose rows are",
         f"bitwise the trainer's `scaled_mm` rows at M = {TRAINER_ROWS}. CUDA graphs, cold weights.",
         "",
-        "| model | layer | M | BF16 µs | today µs | today bitwise | safe µs | config (BM/BN/split/warps/stages; o = ordered)"
+        "| model | layer | M | BF16 µs | today µs | today bitwise | safe µs | config (BM/BN/split/warps/stages)"
         " | safe/BF16 | today/BF16 | safe vs today | bitwise/tried | fastest µs (differ) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         c = r["safe_config"]
         cfg = (
-            f"{c['block_m']}/{c['block_n']}/{c['split_k']}{'o' if c['ordered'] else ''}"
-            f"/{c['num_warps']}/{c['num_stages']}"
+            f"{c['block_m']}/{c['block_n']}/{c['split_k']}/{c['num_warps']}/{c['num_stages']}"
             if c
             else "—"
         )
@@ -188,7 +172,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ms", type=int, nargs="+", default=[1, 8, 16, 32, 64, 128, 256])
     parser.add_argument("--rep", type=int, default=6, help="do_bench milliseconds per timing")
-    parser.add_argument("--grid", choices=["split1", "wide"], default="wide")
     parser.add_argument("--table", type=Path, help="add the parity_safe rows to this table")
     parser.add_argument("--out", type=Path, help="folder for gemm-parity.json / gemm-parity.md")
     args = parser.parse_args()
@@ -197,8 +180,7 @@ def main() -> None:
     for model, layers in SHAPES.items():
         for name, (n, k) in layers.items():
             rows += [
-                {"model": model, "layer": name, **r}
-                for r in sweep_shape(n, k, args.ms, args.rep, args.grid)
+                {"model": model, "layer": name, **r} for r in sweep_shape(n, k, args.ms, args.rep)
             ]
     dec.set_enabled(previous)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")

@@ -63,7 +63,9 @@ MAX_TABLE_ROWS = 256
 TABLE_PATH = Path(__file__).with_name("fp8_gemm_decode_table.json")
 _NUM_SMS = 132
 _ENABLED = [False]
-"""Whether ``fp8_gemm``/``fp8_linear`` may dispatch to this kernel (see ``set_enabled``)."""
+"""Whether ``fp8_gemm``/``fp8_linear`` may dispatch to every tuned row (see ``set_enabled``)."""
+_PARITY_SAFE = [True]
+"""Whether the default fast path runs the measured parity-safe rows (see ``set_parity_safe``)."""
 _LOCKS: dict[torch.device, Tensor] = {}
 _LOCK_SLOTS = 1 << 16
 
@@ -77,18 +79,14 @@ class DecodeConfig:
     split_k: int
     num_warps: int = 4
     num_stages: int = 4
-    ordered: bool = False
-    """With ``split_k > 1``: each split stores its K blocks' unscaled products and the last split
-    applies the scales and sums them in K order (the ``split_k = 1`` recurrence, not a sum of
-    per-split partials); needs an already-quantized activation."""
 
     @property
     def keeps_k_order(self) -> bool:
-        """wgmma row tiles (``BLOCK_M`` ≥ 64) and the K blocks accumulated one by one in K order
-        (``split_k`` 1 or ``ordered``): the shape of every config measured bitwise equal to
-        cuBLASLt ``scaled_mm`` rows. A table row is dispatched by default only if it has this
-        shape *and* was measured bitwise (``parity_safe``)."""
-        return self.block_m >= 64 and (self.split_k == 1 or self.ordered)
+        """wgmma row tiles (``BLOCK_M`` ≥ 64) and one program per output tile adding the K blocks
+        in order (``split_k`` 1): the shape of every config measured bitwise equal to cuBLASLt
+        ``scaled_mm`` rows. A table row is dispatched by default only if it has this shape *and*
+        was measured bitwise (``parity_safe``)."""
+        return self.block_m >= 64 and self.split_k == 1
 
 
 def m_bucket(m: int) -> int:
@@ -103,9 +101,8 @@ def block_m_for(m: int) -> int:
 
 def _config(row: dict) -> DecodeConfig:
     return DecodeConfig(
-        row["block_m"], row["block_n"], row["split_k"], row["num_warps"], row["num_stages"],
-        bool(row.get("ordered", False)),
-    )  # fmt: skip
+        row["block_m"], row["block_n"], row["split_k"], row["num_warps"], row["num_stages"]
+    )
 
 
 @functools.cache
@@ -115,7 +112,7 @@ def _table_json() -> dict:
 
 @functools.cache
 def _table() -> dict[tuple[int, int, int], tuple[DecodeConfig, dict]]:
-    """The speed-tuned rows (split-K; dispatched only after ``set_enabled(True)``)."""
+    """The speed-tuned rows (split-K allowed; dispatched only after ``set_enabled(True)``)."""
     return {
         (r["m"], r["n"], r["k"]): (
             _config(r),
@@ -128,8 +125,8 @@ def _table() -> dict[tuple[int, int, int], tuple[DecodeConfig, dict]]:
 @functools.cache
 def _parity_safe_table() -> dict[tuple[int, int, int], DecodeConfig]:
     """The rows the fast path runs by default: measured bitwise equal to the trainer's
-    ``scaled_mm`` rows (``parity_safe``), faster than it (``fp8_in``), and of the
-    ``keeps_k_order`` shape."""
+    ``scaled_mm`` rows (``parity_safe``), faster than the library path (``fp8_in``), and of
+    the ``keeps_k_order`` shape."""
     safe = {}
     for r in _table_json().get("parity_safe", []):
         cfg = _config(r)
@@ -148,6 +145,13 @@ def set_enabled(on: bool) -> bool:
     return previous
 
 
+def set_parity_safe(on: bool) -> bool:
+    """Let the default fast path run the table's parity-safe rows (on by default; process-wide);
+    returns the previous setting. Off gives the path before them (benchmarks' baseline)."""
+    previous, _PARITY_SAFE[0] = _PARITY_SAFE[0], bool(on)
+    return previous
+
+
 def prologue_wins(m: int, n: int, k: int) -> bool:
     """Whether the table measured the fused-prologue kernel faster than quantize + library GEMM
     at (M bucket, N, K); False for shapes it has no row for, and while not ``set_enabled``."""
@@ -160,13 +164,14 @@ def prologue_wins(m: int, n: int, k: int) -> bool:
 def decode_wins(m: int, n: int, k: int) -> bool:
     """Whether ``fp8_gemm`` runs the decode kernel on an already-quantized activation.
 
-    By default: only where the table has a parity-safe row for (M bucket, N, K) that won
+    By default: only where the table has a winning parity-safe row for (M bucket, N, K)
     (``_parity_safe_table``), so the rollout's rows stay bitwise the trainer's. After
     ``set_enabled(True)``: the speed-tuned row's measured ``fp8_in`` flag, else
     ``MIN_DECODE_ROWS ≤ m ≤ MAX_DECODE_ROWS``.
     """
     if not _ENABLED[0]:
-        return m <= MAX_TABLE_ROWS and (m_bucket(m), n, k) in _parity_safe_table()
+        safe = _PARITY_SAFE[0] and (m_bucket(m), n, k) in _parity_safe_table()
+        return safe and m <= MAX_TABLE_ROWS
     hit = _table().get((m_bucket(m), n, k))
     if hit is not None and "fp8_in" in hit[1]:
         return hit[1]["fp8_in"] and m <= MAX_TABLE_ROWS
@@ -186,10 +191,10 @@ def heuristic_config(m: int, n: int, k: int) -> DecodeConfig:
 
 
 def decode_config(m: int, n: int, k: int) -> DecodeConfig:
-    """The config for (M bucket, N, K): by default the parity-safe row where the table has a
-    winning one; else (and after ``set_enabled(True)``) the speed-tuned row, else
+    """The config for (M bucket, N, K): by default the winning parity-safe row where the table
+    has one; else (and after ``set_enabled(True)``) the speed-tuned row, else
     ``heuristic_config``."""
-    if not _ENABLED[0]:
+    if not _ENABLED[0] and _PARITY_SAFE[0]:
         safe = _parity_safe_table().get((m_bucket(m), n, k))
         if safe is not None:
             return safe
@@ -218,12 +223,10 @@ def _decode_gemm_kernel(
     stride_am, stride_sam, stride_sak, stride_bn, stride_sbn, stride_sbk, stride_cm,
     stride_so_m, stride_so_k,
     A_FP8: tl.constexpr, POW2: tl.constexpr, B_ROW_DIV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, ORDERED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
 ):  # fmt: skip
     BLOCK_K: tl.constexpr = 128
-    FIXUP_UNROLL: tl.constexpr = 8
-    # row tiles of one N tile run next to each other: they share its weight tile through L2
-    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     k_blocks = tl.cdiv(K, BLOCK_K)
     per_split = tl.cdiv(k_blocks, SPLIT_K)
     kb_start = pid_k * per_split
@@ -241,7 +244,6 @@ def _decode_gemm_kernel(
     )
     sb_row = sb_ptr + (pid_n * BLOCK_N // B_ROW_DIV) * stride_sbn
     write_sa = mask_m & ((offs_m * 0 + pid_n) == 0)  # the first N tile writes the scales
-    tile_elems = M * N
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(kb_start, kb_end):
@@ -259,53 +261,28 @@ def _decode_gemm_kernel(
             a8 = _to_codes(af, sa[:, None])
             tl.store(sa_out_ptr + offs_m * stride_so_m + kb * stride_so_k, sa, mask=write_sa)
         sb = tl.load(sb_row + kb * stride_sbk)
-        if ORDERED:  # the unscaled K-block product; the last split scales and sums in K order
-            d_ptrs = ws_ptr + kb * tile_elems + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-            tl.store(d_ptrs, tl.dot(a8, b), mask=mask_m[:, None] & mask_n[None, :])
-        else:
-            acc += tl.dot(a8, b) * (sa * sb)[:, None]
+        acc += tl.dot(a8, b) * (sa * sb)[:, None]
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
 
-    # (pointers and masks of the output tile made after the loop: live across it, they cost
-    # registers the load pipeline needs; measured ~20% slower at BLOCK_N 64)
     c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
     c_mask = mask_m[:, None] & mask_n[None, :]
-    ws_tile = ws_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     if SPLIT_K == 1:
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
     else:
-        if not ORDERED:
-            tl.store(ws_tile + pid_k * tile_elems, acc, mask=c_mask)
+        tile_elems = M * N
+        ws_tile = ws_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+        tl.store(ws_tile + pid_k * tile_elems, acc, mask=c_mask)
         tl.debug_barrier()
-        lock = lock_ptr + pid_n * tl.num_programs(0) + pid_m
+        lock = lock_ptr + pid_m * tl.num_programs(0) + pid_n
         arrived = tl.atomic_add(lock, 1, sem="acq_rel")
         if arrived == SPLIT_K - 1:  # the last split sums all partials, in split order
             tl.debug_barrier()
             total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            if ORDERED:  # the split_k = 1 recurrence over the stored K-block products
-                for kb0 in range(0, k_blocks, FIXUP_UNROLL):  # unrolled: loads issue together
-                    for j in tl.static_range(FIXUP_UNROLL):
-                        kb = kb0 + j
-                        live = (offs_m * 0 + kb) < k_blocks  # the last chunk's tail
-                        d = tl.load(
-                            ws_tile + kb * tile_elems,
-                            mask=c_mask & live[:, None],
-                            other=0.0,
-                            cache_modifier=".cg",
-                        )
-                        sa = tl.load(
-                            sa_ptr + offs_m * stride_sam + kb * stride_sak,
-                            mask=mask_m & live,
-                            other=0.0,
-                        )
-                        sb = tl.load(sb_row + tl.minimum(kb, k_blocks - 1) * stride_sbk)
-                        total = tl.where(live[:, None], total + d * (sa * sb)[:, None], total)
-            else:
-                for s in range(SPLIT_K):
-                    total += tl.load(
-                        ws_tile + s * tile_elems, mask=c_mask, other=0.0, cache_modifier=".cg"
-                    )
+            for s in range(SPLIT_K):
+                total += tl.load(
+                    ws_tile + s * tile_elems, mask=c_mask, other=0.0, cache_modifier=".cg"
+                )
             tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=c_mask)
             tl.atomic_xchg(lock, 0)
 
@@ -344,13 +321,13 @@ def fp8_gemm_decode(
     if m == 0 or n == 0:
         return out, sa
     cfg = config or decode_config(m, n, k)
-    ordered = cfg.ordered and cfg.split_k > 1
-    if ordered and not quantized:
-        raise ValueError("the ordered split-K reads the activation scales: pass a QuantizedTensor")
-    grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), cfg.split_k)
+    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), cfg.split_k)
     assert grid[0] * grid[1] <= _LOCK_SLOTS
-    ws_rows = triton.cdiv(k, GROUP) if ordered else cfg.split_k
-    ws = torch.empty(ws_rows, m, n, dtype=torch.float32, device=device) if cfg.split_k > 1 else out
+    ws = (
+        torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=device)
+        if cfg.split_k > 1
+        else out
+    )
     sa_in = sa if quantized else out  # unused pointer when quantizing in the prologue
     _decode_gemm_kernel[grid](
         a, sa_in, weight.codes, weight.scale, out, sa, ws, _locks(device), m, n, k,
@@ -358,7 +335,7 @@ def fp8_gemm_decode(
         weight.codes.stride(0), weight.scale.stride(0), weight.scale.stride(1), out.stride(0),
         sa.stride(0), sa.stride(1),
         A_FP8=quantized, POW2=scale_format == "pow2", B_ROW_DIV=weight.block[0],
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k, ORDERED=ordered,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out, sa

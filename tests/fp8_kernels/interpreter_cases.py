@@ -34,20 +34,6 @@ def decode_gemm_cases() -> None:
         locks = int(dec._LOCKS[torch.device("cpu")].abs().sum())
         same = torch.equal(out, from_codes) and torch.equal(scales, xq.scale)
         print(f"decode m={m} n={n} k={k} split={split} err={err:.2e} same={same} locks={locks}")
-    # the ordered split-K repeats the split_k = 1 recurrence: bitwise its output
-    for m, n, k, bn, split in [(5, 96, 1000, 32, 4), (70, 64, 640, 64, 2)]:
-        x = torch.randn(m, k, dtype=torch.bfloat16)
-        w = per_block_quant_reference(torch.randn(n, k) * 0.02)
-        xq = quant_triton.per_token_group_quant_triton(x)
-        one = dec.fp8_gemm_decode(
-            xq, w, out_dtype=torch.float32, config=dec.DecodeConfig(64, bn, 1)
-        )
-        cfg = dec.DecodeConfig(64, bn, split, ordered=True)
-        ordered = dec.fp8_gemm_decode(xq, w, out_dtype=torch.float32, config=cfg)[0]
-        locks = int(dec._LOCKS[torch.device("cpu")].abs().sum())
-        print(
-            f"ordered m={m} n={n} k={k} split={split} same={torch.equal(one[0], ordered)} locks={locks}"
-        )
 
 
 def fused_cases() -> None:

@@ -37,13 +37,6 @@ def test_decode_gemm_split_k_matches_the_emulation_and_resets_its_counters(lines
         assert d["locks"] == "0", d
 
 
-def test_ordered_split_k_equals_split_one_bitwise_and_resets_its_counters(lines):
-    ordered = [_fields(line) for line in lines if line.startswith("ordered")]
-    assert len(ordered) == 2
-    for d in ordered:
-        assert d["same"] == "True" and d["locks"] == "0", d
-
-
 def test_decode_gemm_prologue_quant_equals_the_quantized_input_path(lines):
     for line in lines:
         if line.startswith("decode"):
