@@ -18,23 +18,29 @@ Design notes
   kernel). The counters live in one zeroed buffer per device that every call leaves zeroed,
   which also makes the kernel CUDA-graph safe; calls must not run concurrently on two streams.
 * **Config.** ``decode_config(m, n, k)`` looks the (M bucket, N, K) up in the table tuned on the
-  H200 (``fp8_gemm_decode_table.json``, written by ``benchmarks/gemm_tune.py``) and falls back to
-  a heuristic that aims at two programs per SM.
-* **Where it runs (measured, benchmarks/results/issue14-h200.md).** The prologue quantization is
-  repeated by every N tile of a row block, which is free at M ≤ 16 but dominates from M = 64 on
+  H200 (``fp8_gemm_decode_table.json``) and falls back to a heuristic that aims at two programs
+  per SM. The table has two lists: ``configs`` (speed-tuned, split-K, ``benchmarks/gemm_tune.py``)
+  and ``parity_safe`` (``benchmarks/gemm_parity_tune.py``).
+* **Parity.** The trainer's FProp (M = thousands of tokens) runs cuBLASLt ``scaled_mm``, whose
+  rows are bitwise the same at any M ≥ 16 for most shapes. A rollout row is parity-safe when it
+  is bitwise that row. Measured on the H200 (2026-12-02, every (N, K) of the 8B/7B linears,
+  M = 1-256, rows compared with ``scaled_mm`` at M = 4096): ``BLOCK_M`` 64 with ``split_k`` 1
+  (wgmma, each 128-wide K block's product scaled and added in K order, as cuBLASLt does) is
+  bitwise for every ``BLOCK_N`` (16-128), 4 or 8 warps and 3-6 stages; ``BLOCK_M`` 32 (mma.sync)
+  differed in ~6% of outputs and split-K (a sum of per-split partials) in ~0.01%.
+* **Default dispatch: parity-safe rows only.** ``fp8_gemm`` runs this kernel by default only for
+  the (M bucket, N, K) whose ``parity_safe`` row was measured bitwise *and* faster than the
+  library path by 3% (``fp8_in``): e.g. M = 16-64 of the fused gate_up (1.10-1.18×) and M = 1 of
+  most shapes; elsewhere ``scaled_mm`` (M ≥ 16) or the tiled Triton kernel (M < 16) stay. The
+  speed-tuned split-K rows (faster still, e.g. 2× at M = 1 of down, but not bitwise: fast-mode
+  token_mult_prob_error 1.0041 tiny-llama / 1.0344 small-llama with them) and the untuned
+  ``MIN_DECODE_ROWS ≤ M ≤ MAX_DECODE_ROWS`` rule run only after ``set_enabled(True)``; the fused
+  prologue too. ``set_parity_safe(False)`` turns the default rows off (benchmark baseline).
+  Exact mode never runs this kernel. Results: ``benchmarks/results/issue14/decode-gemm-parity-safe.md``.
+* **Prologue quant (only after ``set_enabled(True)``).** The prologue quantization is repeated
+  by every N tile of a row block, which is free at M ≤ 16 but dominates from M = 64 on
   (0.1-0.4× BF16 there), so ``fp8_linear`` takes the fused-prologue kernel only for the
   (M bucket, N, K) where the table records it beating quantize + library GEMM (``prologue``).
-  Already-quantized activations (the fused norm/SwiGLU kernels) use the kernel for
-  ``MIN_DECODE_ROWS ≤ M ≤ MAX_DECODE_ROWS`` (decode at batch 64 went 0.90× → 1.12× BF16);
-  beyond that cuBLASLt ``scaled_mm`` stays.
-* **Off by default: it breaks fast-mode parity** (measured on the H200, 2026-12-02,
-  ``benchmarks/mismatch_attribution.py``). The trainer's FProp (M = thousands of tokens) runs
-  cuBLASLt ``scaled_mm``, whose rows are bitwise the same at M = 32 and M = 4096; this kernel's
-  rows differ from them in ~6% of BF16 outputs (split-K and its own instruction order). With it,
-  the fast-mode token_mult_prob_error was 1.0041 (tiny-llama) / 1.0344 (small-llama); without it
-  the fused engine is bitwise the trainer (1.00000000 on both, max |Δlogp| = 0). The fast path
-  therefore dispatches here only after ``set_enabled(True)`` (speed experiments; the speed it
-  gives up is in ``benchmarks/results/issue14-h200.md``).
 """
 
 from __future__ import annotations
@@ -136,10 +142,12 @@ def _parity_safe_table() -> dict[tuple[int, int, int], DecodeConfig]:
 
 
 def set_enabled(on: bool) -> bool:
-    """Let the fast path dispatch to this kernel (process-wide); returns the previous setting.
+    """Let the fast path dispatch to every tuned row (split-K, the prologue, the untuned row
+    range; process-wide); returns the previous setting.
 
-    Off by default: its rows are not bitwise those of the trainer's ``scaled_mm`` FProp, so it
-    raises the fast-mode rollout/trainer mismatch (module doc). Exact mode never uses it.
+    Off by default: those rows are not bitwise the trainer's ``scaled_mm`` FProp, so they raise
+    the fast-mode rollout/trainer mismatch (module doc). With it off the default path still runs
+    the measured parity-safe rows (``set_parity_safe``). Exact mode never uses this kernel.
     """
     previous, _ENABLED[0] = _ENABLED[0], bool(on)
     return previous
