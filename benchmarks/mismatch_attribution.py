@@ -8,8 +8,10 @@ dispatch functions in this process only:
 
 * ``committed``: the code as committed: fused norm/SwiGLU-quant kernels in the engine, the
   trainer's fast RMSNorm / SiLU·mul running the same Triton arithmetic, the split-K decode GEMM
-  off (``gemm_decode_triton.set_enabled``), so every FP8 GEMM is cuBLASLt ``scaled_mm`` as in the
-  trainer (or the tiled Triton kernel below M = 16).
+  off (``gemm_decode_triton.set_enabled``); the decode GEMM runs only the table's parity-safe
+  rows (8B/7B shapes only), every other FP8 GEMM is cuBLASLt ``scaled_mm`` as in the trainer
+  (or the tiled Triton kernel below M = 16).
+* ``parity-safe rows off``: as committed without those rows (``set_parity_safe(False)``).
 * ``decode GEMM on``: as committed, with the decode GEMM dispatched per the tuned table.
 * ``decode GEMM on, trainer torch ops``: also the trainer's RMSNorm / SiLU·mul on the torch
   float32 ops: the state before this fix (up to the fused kernels' float64 mean square).
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -53,6 +56,9 @@ def _variant(name: str) -> contextlib.ExitStack:
     if name in ("decode GEMM on, trainer torch ops", "pre-issue-14 engine"):
         stack.enter_context(_patched(invariant, "rms_norm_fast", fused.rms_norm_reference))
         stack.enter_context(_patched(invariant, "silu_mul_fast", _torch_silu_mul))
+    if name == "parity-safe rows off":
+        previous = gemm_decode_triton.set_parity_safe(False)
+        stack.callback(gemm_decode_triton.set_parity_safe, previous)
     if name.startswith("decode GEMM on"):
         previous = gemm_decode_triton.set_enabled(True)
         stack.callback(gemm_decode_triton.set_enabled, previous)
@@ -63,19 +69,22 @@ def _variant(name: str) -> contextlib.ExitStack:
 
 VARIANTS = [
     "committed",
+    "parity-safe rows off",
     "decode GEMM on",
     "decode GEMM on, trainer torch ops",
     "pre-issue-14 engine",
 ]
 
 
-def _measure(preset: str, max_tokens: int, seed: int) -> dict[str, float]:
+def _measure(preset: str, max_tokens: int, seed: int, layers: int | None) -> dict[str, float]:
     from fp8rl.protocol import ModelSpec, PrecisionSpec, SamplingParams
     from fp8rl.services.mismatch import measure_mode
     from fp8rl.workers.model.config import PRESETS
     from fp8rl.workers.model.loading import ModelSource
 
     cfg = PRESETS[preset]
+    if layers:
+        cfg = dataclasses.replace(cfg, num_hidden_layers=layers)
     source = ModelSource(cfg, None, None, f"random:{preset}")
     gen = torch.Generator().manual_seed(0)
     prompts = [
@@ -126,16 +135,25 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--variants", nargs="+", default=VARIANTS)
+    parser.add_argument(
+        "--presets",
+        nargs="+",
+        default=["tiny-llama", "small-llama"],
+        help="model presets (random weights); e.g. llama-3.1-8b with --layers 2 runs the 8B "
+        "shapes the parity-safe decode GEMM rows cover",
+    )
+    parser.add_argument("--layers", type=int, help="override num_hidden_layers of every preset")
     args = parser.parse_args()
     rows, lines = [], []
     gemm = _gemm_rows()
     print(json.dumps(gemm), flush=True)
-    for preset, max_tokens in (("tiny-llama", 128), ("small-llama", 256)):
+    for preset in args.presets:
+        max_tokens = 128 if preset == "tiny-llama" else 256
         for name in args.variants:
             for seed in args.seeds:
                 t0 = time.perf_counter()
                 with _variant(name):
-                    m = _measure(preset, max_tokens, seed)
+                    m = _measure(preset, max_tokens, seed, args.layers)
                 row = {"model": preset, "variant": name, "seed": seed,
                        "s": round(time.perf_counter() - t0, 1), **m}  # fmt: skip
                 rows.append(row)

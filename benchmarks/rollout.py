@@ -130,8 +130,12 @@ def main() -> None:
     parser.add_argument("--exact", action="store_true", help="precision.exact (bitwise mode)")
     parser.add_argument(
         "--decode-gemm",
-        action="store_true",
-        help="let the fast path run the split-K decode GEMM (off by default: breaks fast-mode "
+        nargs="?",
+        const="all",
+        default="parity-safe",
+        choices=["parity-safe", "off", "all"],
+        help="decode GEMM dispatch: the measured parity-safe rows (default), none (the library "
+        "path before them), or every tuned row incl. split-K (bare flag; breaks fast-mode "
         "parity, see kernels/gemm_decode_triton.py)",
     )
     parser.add_argument(
@@ -146,12 +150,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--tag", help="file name stem under --out (default rollout)")
     args = parser.parse_args()
-    from fp8rl.kernels import decode_attention
+    from fp8rl.kernels import decode_attention, gemm_decode_triton
 
-    if args.decode_gemm:
-        from fp8rl.kernels import gemm_decode_triton
-
-        gemm_decode_triton.set_enabled(True)
+    gemm_decode_triton.set_enabled(args.decode_gemm == "all")
+    gemm_decode_triton.set_parity_safe(args.decode_gemm != "off")
     cfg = PRESETS[args.preset]
     if args.layers:
         cfg = dataclasses.replace(cfg, num_hidden_layers=args.layers)
@@ -231,7 +233,7 @@ def main() -> None:
     header = (
         f"# Rollout throughput — {args.preset} ({cfg.num_hidden_layers} layers, random weights), "
         f"prompt {args.prompt}, gen {args.gen}{', exact' if args.exact else ''}"
-        f"{', decode GEMM on' if args.decode_gemm else ''}\n\n"
+        f", decode GEMM {args.decode_gemm}\n\n"
         f"{time.strftime('%Y-%m-%d')} · {torch.cuda.get_device_name() if args.device.startswith('cuda') else platform.processor()}"
         f" · torch {torch.__version__}\n\n"
         "| mode | KV | batch | CUDA graphs | decode attn | prefill tok/s | decode tok/s | vs BF16 | roofline tok/s | % roofline |\n"

@@ -226,7 +226,8 @@ def _library_gemm(
 
 def _decode_sized(a: QuantizedTensor, b: QuantizedTensor) -> bool:
     """Fast-path FProp shapes the decode kernel takes: 1×128 · 128×128 (weight K-contiguous) at
-    an M the tuned table (or, without a measurement, the 16 ≤ M ≤ 64 rule) gives to it."""
+    an (M bucket, N, K) ``decode_wins`` gives to it (by default only the measured parity-safe
+    rows, bitwise the ``scaled_mm`` rows the trainer computes)."""
     from fp8rl.kernels.gemm_decode_triton import decode_wins
 
     return (
@@ -248,8 +249,9 @@ def fp8_gemm(
         out_dtype: result dtype (bfloat16/float32; the CPU emulation takes any float dtype).
         exact: batch-invariant mode: a row's result is bitwise independent of the other rows
             (Triton, fixed tiles, no split-K on CUDA; the CPU emulation is always exact). The
-            fast mode runs the decode-size kernel (split-K, tuned table) for small M
-            (``gemm_decode_triton.decode_wins``).
+            fast mode runs the decode-size kernel where its tuned table has a parity-safe row
+            that beat ``scaled_mm`` (``gemm_decode_triton.decode_wins``: its rows are bitwise
+            the library's at the trainer's M), the library or tiled Triton kernel elsewhere.
     Returns:
         ``[..., N]`` in ``out_dtype``.
     Raises:

@@ -18,23 +18,29 @@ Design notes
   kernel). The counters live in one zeroed buffer per device that every call leaves zeroed,
   which also makes the kernel CUDA-graph safe; calls must not run concurrently on two streams.
 * **Config.** ``decode_config(m, n, k)`` looks the (M bucket, N, K) up in the table tuned on the
-  H200 (``fp8_gemm_decode_table.json``, written by ``benchmarks/gemm_tune.py``) and falls back to
-  a heuristic that aims at two programs per SM.
-* **Where it runs (measured, benchmarks/results/issue14-h200.md).** The prologue quantization is
-  repeated by every N tile of a row block, which is free at M ≤ 16 but dominates from M = 64 on
+  H200 (``fp8_gemm_decode_table.json``) and falls back to a heuristic that aims at two programs
+  per SM. The table has two lists: ``configs`` (speed-tuned, split-K, ``benchmarks/gemm_tune.py``)
+  and ``parity_safe`` (``benchmarks/gemm_parity_tune.py``).
+* **Parity.** The trainer's FProp (M = thousands of tokens) runs cuBLASLt ``scaled_mm``, whose
+  rows are bitwise the same at any M ≥ 16 for most shapes. A rollout row is parity-safe when it
+  is bitwise that row. Measured on the H200 (2026-12-02, every (N, K) of the 8B/7B linears,
+  M = 1-256, rows compared with ``scaled_mm`` at M = 4096): ``BLOCK_M`` 64 with ``split_k`` 1
+  (wgmma, each 128-wide K block's product scaled and added in K order, as cuBLASLt does) is
+  bitwise for every ``BLOCK_N`` (16-128), 4 or 8 warps and 3-6 stages; ``BLOCK_M`` 32 (mma.sync)
+  differed in ~6% of outputs and split-K (a sum of per-split partials) in ~0.01%.
+* **Default dispatch: parity-safe rows only.** ``fp8_gemm`` runs this kernel by default only for
+  the (M bucket, N, K) whose ``parity_safe`` row was measured bitwise *and* faster than the
+  library path by 3% (``fp8_in``): e.g. M = 16-64 of the fused gate_up (1.10-1.18×) and M = 1 of
+  most shapes; elsewhere ``scaled_mm`` (M ≥ 16) or the tiled Triton kernel (M < 16) stay. The
+  speed-tuned split-K rows (faster still, e.g. 2× at M = 1 of down, but not bitwise: fast-mode
+  token_mult_prob_error 1.0041 tiny-llama / 1.0344 small-llama with them) and the untuned
+  ``MIN_DECODE_ROWS ≤ M ≤ MAX_DECODE_ROWS`` rule run only after ``set_enabled(True)``; the fused
+  prologue too. ``set_parity_safe(False)`` turns the default rows off (benchmark baseline).
+  Exact mode never runs this kernel. Results: ``benchmarks/results/issue14/decode-gemm-parity-safe.md``.
+* **Prologue quant (only after ``set_enabled(True)``).** The prologue quantization is repeated
+  by every N tile of a row block, which is free at M ≤ 16 but dominates from M = 64 on
   (0.1-0.4× BF16 there), so ``fp8_linear`` takes the fused-prologue kernel only for the
   (M bucket, N, K) where the table records it beating quantize + library GEMM (``prologue``).
-  Already-quantized activations (the fused norm/SwiGLU kernels) use the kernel for
-  ``MIN_DECODE_ROWS ≤ M ≤ MAX_DECODE_ROWS`` (decode at batch 64 went 0.90× → 1.12× BF16);
-  beyond that cuBLASLt ``scaled_mm`` stays.
-* **Off by default: it breaks fast-mode parity** (measured on the H200, 2026-12-02,
-  ``benchmarks/mismatch_attribution.py``). The trainer's FProp (M = thousands of tokens) runs
-  cuBLASLt ``scaled_mm``, whose rows are bitwise the same at M = 32 and M = 4096; this kernel's
-  rows differ from them in ~6% of BF16 outputs (split-K and its own instruction order). With it,
-  the fast-mode token_mult_prob_error was 1.0041 (tiny-llama) / 1.0344 (small-llama); without it
-  the fused engine is bitwise the trainer (1.00000000 on both, max |Δlogp| = 0). The fast path
-  therefore dispatches here only after ``set_enabled(True)`` (speed experiments; the speed it
-  gives up is in ``benchmarks/results/issue14-h200.md``).
 """
 
 from __future__ import annotations
@@ -63,7 +69,9 @@ MAX_TABLE_ROWS = 256
 TABLE_PATH = Path(__file__).with_name("fp8_gemm_decode_table.json")
 _NUM_SMS = 132
 _ENABLED = [False]
-"""Whether ``fp8_gemm``/``fp8_linear`` may dispatch to this kernel (see ``set_enabled``)."""
+"""Whether ``fp8_gemm``/``fp8_linear`` may dispatch to every tuned row (see ``set_enabled``)."""
+_PARITY_SAFE = [True]
+"""Whether the default fast path runs the measured parity-safe rows (see ``set_parity_safe``)."""
 _LOCKS: dict[torch.device, Tensor] = {}
 _LOCK_SLOTS = 1 << 16
 
@@ -78,6 +86,14 @@ class DecodeConfig:
     num_warps: int = 4
     num_stages: int = 4
 
+    @property
+    def keeps_k_order(self) -> bool:
+        """wgmma row tiles (``BLOCK_M`` ≥ 64) and one program per output tile adding the K blocks
+        in order (``split_k`` 1): the shape of every config measured bitwise equal to cuBLASLt
+        ``scaled_mm`` rows. A table row is dispatched by default only if it has this shape *and*
+        was measured bitwise (``parity_safe``)."""
+        return self.block_m >= 64 and self.split_k == 1
+
 
 def m_bucket(m: int) -> int:
     """The table's M key: the next power of two ≥ ``m``."""
@@ -89,27 +105,58 @@ def block_m_for(m: int) -> int:
     return min(64, max(16, m_bucket(m)))
 
 
+def _config(row: dict) -> DecodeConfig:
+    return DecodeConfig(
+        row["block_m"], row["block_n"], row["split_k"], row["num_warps"], row["num_stages"]
+    )
+
+
+@functools.cache
+def _table_json() -> dict:
+    return json.loads(TABLE_PATH.read_text()) if TABLE_PATH.exists() else {}
+
+
 @functools.cache
 def _table() -> dict[tuple[int, int, int], tuple[DecodeConfig, dict]]:
-    if not TABLE_PATH.exists():
-        return {}
-    rows = json.loads(TABLE_PATH.read_text())["configs"]
+    """The speed-tuned rows (split-K allowed; dispatched only after ``set_enabled(True)``)."""
     return {
         (r["m"], r["n"], r["k"]): (
-            DecodeConfig(r["block_m"], r["block_n"], r["split_k"], r["num_warps"], r["num_stages"]),
+            _config(r),
             {key: bool(r[key]) for key in ("prologue", "fp8_in") if key in r},
         )
-        for r in rows
+        for r in _table_json().get("configs", [])
     }
 
 
-def set_enabled(on: bool) -> bool:
-    """Let the fast path dispatch to this kernel (process-wide); returns the previous setting.
+@functools.cache
+def _parity_safe_table() -> dict[tuple[int, int, int], DecodeConfig]:
+    """The rows the fast path runs by default: measured bitwise equal to the trainer's
+    ``scaled_mm`` rows (``parity_safe``), faster than the library path (``fp8_in``), and of
+    the ``keeps_k_order`` shape."""
+    safe = {}
+    for r in _table_json().get("parity_safe", []):
+        cfg = _config(r)
+        if r.get("parity_safe") and r.get("fp8_in") and cfg.keeps_k_order:
+            safe[(r["m"], r["n"], r["k"])] = cfg
+    return safe
 
-    Off by default: its rows are not bitwise those of the trainer's ``scaled_mm`` FProp, so it
-    raises the fast-mode rollout/trainer mismatch (module doc). Exact mode never uses it.
+
+def set_enabled(on: bool) -> bool:
+    """Let the fast path dispatch to every tuned row (split-K, the prologue, the untuned row
+    range; process-wide); returns the previous setting.
+
+    Off by default: those rows are not bitwise the trainer's ``scaled_mm`` FProp, so they raise
+    the fast-mode rollout/trainer mismatch (module doc). With it off the default path still runs
+    the measured parity-safe rows (``set_parity_safe``). Exact mode never uses this kernel.
     """
     previous, _ENABLED[0] = _ENABLED[0], bool(on)
+    return previous
+
+
+def set_parity_safe(on: bool) -> bool:
+    """Let the default fast path run the table's parity-safe rows (on by default; process-wide);
+    returns the previous setting. Off gives the path before them (benchmarks' baseline)."""
+    previous, _PARITY_SAFE[0] = _PARITY_SAFE[0], bool(on)
     return previous
 
 
@@ -123,11 +170,16 @@ def prologue_wins(m: int, n: int, k: int) -> bool:
 
 
 def decode_wins(m: int, n: int, k: int) -> bool:
-    """Whether to run the decode kernel on an already-quantized activation: the table's measured
-    ``fp8_in`` flag for (M bucket, N, K), else ``MIN_DECODE_ROWS ≤ m ≤ MAX_DECODE_ROWS``; False
-    while not ``set_enabled``."""
+    """Whether ``fp8_gemm`` runs the decode kernel on an already-quantized activation.
+
+    By default: only where the table has a winning parity-safe row for (M bucket, N, K)
+    (``_parity_safe_table``), so the rollout's rows stay bitwise the trainer's. After
+    ``set_enabled(True)``: the speed-tuned row's measured ``fp8_in`` flag, else
+    ``MIN_DECODE_ROWS ≤ m ≤ MAX_DECODE_ROWS``.
+    """
     if not _ENABLED[0]:
-        return False
+        safe = _PARITY_SAFE[0] and (m_bucket(m), n, k) in _parity_safe_table()
+        return safe and m <= MAX_TABLE_ROWS
     hit = _table().get((m_bucket(m), n, k))
     if hit is not None and "fp8_in" in hit[1]:
         return hit[1]["fp8_in"] and m <= MAX_TABLE_ROWS
@@ -147,7 +199,13 @@ def heuristic_config(m: int, n: int, k: int) -> DecodeConfig:
 
 
 def decode_config(m: int, n: int, k: int) -> DecodeConfig:
-    """The tuned config for (M bucket, N, K), else ``heuristic_config``."""
+    """The config for (M bucket, N, K): by default the winning parity-safe row where the table
+    has one; else (and after ``set_enabled(True)``) the speed-tuned row, else
+    ``heuristic_config``."""
+    if not _ENABLED[0] and _PARITY_SAFE[0]:
+        safe = _parity_safe_table().get((m_bucket(m), n, k))
+        if safe is not None:
+            return safe
     tuned = _table().get((m_bucket(m), n, k))
     return tuned[0] if tuned is not None else heuristic_config(m, n, k)
 

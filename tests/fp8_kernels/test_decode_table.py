@@ -45,9 +45,10 @@ def test_measured_flags_decide_and_unmeasured_shapes_fall_back_to_the_row_range(
     assert dec.decode_config(16, 512, 256) == cfg
 
 
-def test_decode_gemm_is_off_by_default_for_fast_mode_parity():
-    """Its rows differ from the trainer's scaled_mm FProp (fast-mode mismatch 1.034 vs 1.000 on
-    small-llama, H200): the fast path runs it only after ``set_enabled(True)``."""
+def test_split_k_decode_gemm_is_off_by_default_for_fast_mode_parity():
+    """The speed-tuned (split-K, BLOCK_M < 64) rows differ from the trainer's scaled_mm FProp
+    (fast-mode mismatch 1.034 vs 1.000 on small-llama, H200): the fast path runs them, and the
+    untuned 16 ≤ M ≤ 64 rule, only after ``set_enabled(True)``."""
     assert not dec.decode_wins(32, 1024, 256)
     previous = dec.set_enabled(True)
     try:
@@ -55,3 +56,39 @@ def test_decode_gemm_is_off_by_default_for_fast_mode_parity():
     finally:
         dec.set_enabled(previous)
     assert not dec.decode_wins(32, 1024, 256)
+
+
+def test_committed_parity_safe_rows_have_the_bitwise_shape():
+    table = json.loads(dec.TABLE_PATH.read_text())
+    rows = table["parity_safe"]
+    assert rows and "parity_safe_tuned" in table
+    for r in rows:
+        assert r["parity_safe"] is True and isinstance(r["fp8_in"], bool)
+        assert r["block_m"] == 64 and r["split_k"] == 1 and r["m"] == dec.m_bucket(r["m"])
+    winners = {(r["m"], r["n"], r["k"]) for r in rows if r["fp8_in"]}
+    assert set(dec._parity_safe_table()) == winners
+
+
+def test_only_measured_winning_parity_safe_rows_are_dispatched_by_default(monkeypatch):
+    """Default dispatch: a row must be marked parity_safe, have won (fp8_in), and be BLOCK_M ≥ 64
+    with split_k 1; the split-K rows stay behind ``set_enabled(True)``."""
+    row = {"n": 512, "k": 256, "block_n": 64, "num_warps": 4, "num_stages": 4, "prologue": False}
+    safe = [
+        {**row, "m": 16, "block_m": 64, "split_k": 1, "parity_safe": True, "fp8_in": True},
+        {**row, "m": 32, "block_m": 64, "split_k": 1, "parity_safe": True, "fp8_in": False},
+        {**row, "m": 64, "block_m": 64, "split_k": 4, "parity_safe": True, "fp8_in": True},
+        {**row, "m": 128, "block_m": 32, "split_k": 1, "parity_safe": True, "fp8_in": True},
+        {**row, "m": 256, "block_m": 64, "split_k": 1, "fp8_in": True},
+    ]
+    configs = [{**row, "m": 32, "block_m": 32, "split_k": 4, "fp8_in": True}]
+    monkeypatch.setattr(dec, "_table_json", lambda: {"configs": configs, "parity_safe": safe})
+    monkeypatch.setattr(dec, "_table", dec._table.__wrapped__)
+    monkeypatch.setattr(dec, "_parity_safe_table", dec._parity_safe_table.__wrapped__)
+    monkeypatch.setattr(dec, "_ENABLED", [False])
+    assert [m for m in (16, 32, 64, 128, 256) if dec.decode_wins(m, 512, 256)] == [16]
+    assert dec.decode_wins(9, 512, 256) and not dec.decode_wins(8, 512, 256)  # bucket 16 only
+    assert dec.decode_config(12, 512, 256) == dec.DecodeConfig(64, 64, 1, 4, 4)
+    assert dec.decode_config(32, 512, 256) == dec.DecodeConfig(32, 64, 4, 4, 4)  # not dispatched
+    monkeypatch.setattr(dec, "_ENABLED", [True])
+    assert dec.decode_wins(32, 512, 256)  # the split-K row, opted in
+    assert dec.decode_config(16, 512, 256) == dec.heuristic_config(16, 512, 256)

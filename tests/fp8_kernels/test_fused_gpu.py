@@ -130,6 +130,29 @@ def test_decode_gemm_matches_the_emulation_and_the_quantized_path(m, n, k):
     assert int(dec._LOCKS[torch.device(CUDA, torch.cuda.current_device())].abs().sum()) == 0
 
 
+def _parity_safe_rows() -> list[tuple[int, int, int]]:
+    from fp8rl.kernels import gemm_decode_triton as dec
+
+    return sorted(dec._parity_safe_table())
+
+
+@pytest.mark.parametrize(("bucket", "n", "k"), _parity_safe_rows())
+def test_default_decode_dispatch_rows_are_bitwise_the_trainers_scaled_mm(bucket, n, k):
+    """Every (M bucket, N, K) the fast path gives the decode kernel by default must stay bitwise
+    the trainer's FProp rows (``scaled_mm`` at M = 4096), at both ends of the bucket."""
+    from fp8rl.kernels import gemm_decode_triton as dec
+
+    assert dec.decode_wins(bucket, n, k) and dec.decode_config(bucket, n, k).keeps_k_order
+    w = per_block_quant(torch.randn(n, k, device=CUDA, dtype=torch.bfloat16) * 0.02)
+    x = torch.randn(4096, k, device=CUDA, dtype=torch.bfloat16)
+    trainer = fp8_gemm(per_token_group_quant(x), w, out_dtype=torch.bfloat16)
+    for m in sorted({bucket // 2 + 1, bucket}):
+        rows = slice(1000, 1000 + m)
+        assert dec.decode_wins(m, n, k)
+        rollout = fp8_gemm(per_token_group_quant(x[rows]), w, out_dtype=torch.bfloat16)
+        assert torch.equal(rollout, trainer[rows]), (m, n, k)
+
+
 def test_fast_fp8_linear_equals_the_trainer_forward_bitwise_at_decode_sizes():
     layer = FP8Linear(4096, 6144, bias=False, device=CUDA, dtype=torch.bfloat16)
     x = torch.randn(48, 4096, device=CUDA, dtype=torch.bfloat16, requires_grad=True)
