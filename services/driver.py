@@ -31,7 +31,7 @@ from fp8rl.services.preflight import preflight
 from fp8rl.services.rollout_phase import PromptFeed, collect
 from fp8rl.services.run_dir import lock_run_dir, prepare_run_dir, run_dir_of
 from fp8rl.services.run_summary import RunResult, closing_lines
-from fp8rl.services.runtime import Workers, init_ray, running_workers
+from fp8rl.services.runtime import Workers, init_ray, local_cpu_threads, running_workers
 from fp8rl.services.spec_warnings import spec_warnings
 from fp8rl.services.step_batch import (
     advantages,
@@ -88,10 +88,12 @@ def run(job: JobSpec, *, reporter: Any = None) -> RunResult:
         return result
     try:
         session.tracker.status("starting Ray workers and loading the model")
-        init_ray(job.resources.ray_address)  # after Ray's own SIGTERM handler: ours replaces it
+        # after Ray's own SIGTERM handler: ours replaces it
+        init_ray(job.resources.ray_address, cpu_threads=local_cpu_threads(job))
         with StopOnSignal() as session.signals, running_workers(job) as workers:
             train_loop(session, workers, result)
     finally:
+        session.evaluator.close()  # in-driver reward pools' verifier children
         session.tracker.close()
     result.checkpoint = latest_checkpoint(session.checkpoints.root)
     return result

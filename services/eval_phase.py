@@ -26,6 +26,11 @@ class Evaluator:
             self.sets.append((dataset_name(spec), records))
         self.rewards: dict[str, RewardPool] = {}
 
+    def close(self) -> None:
+        """Stop the evaluation reward pools' in-process verifier children."""
+        for pool in self.rewards.values():
+            pool.close()
+
     def due(self, step: int) -> bool:
         """Whether to evaluate after ``step`` (every N steps and after the last one)."""
         n = self.job.eval.every_n_steps

@@ -36,13 +36,26 @@ LOCAL_MALLOC_ENV = {
 """glibc malloc settings a private local Ray's workers inherit (see ``init_ray``)."""
 
 
-def init_ray(address: str | None) -> None:
+def local_cpu_threads(job: JobSpec) -> int:
+    """Torch threads per worker of a private local Ray: the usable cores shared by the workers
+    of the largest role (the roles compute one phase at a time: rollout, reference, trainer).
+
+    Ray gives an actor that reserves no core one thread (``OMP_NUM_THREADS=1``), so on the
+    2-core quickstart machine the trainer trained on one core while the other idled.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    busiest = max(job.trainer.num_workers, job.rollout.num_workers, job.reference.num_workers)
+    return max(1, (cores or 1) // busiest)
+
+
+def init_ray(address: str | None, *, cpu_threads: int | None = None) -> None:
     """Attach to ``address``, else to ``$RAY_ADDRESS`` (``ray job submit``), else to a local cluster
     that answers on its GCS port (``ray start --head``), else start a private local Ray.
 
     A stale ``/tmp/ray/ray_current_cluster`` left by a stopped cluster is ignored instead of
     hanging in ``ray.init``. The private Ray is a head with a watchdog (``private_ray.py``): it
-    is stopped at exit, and also when this process is killed.
+    is stopped at exit, and also when this process is killed. Its workers inherit
+    ``OMP_NUM_THREADS=cpu_threads`` (``local_cpu_threads``) unless the environment sets it.
     """
     if ray.is_initialized():
         return
@@ -55,6 +68,8 @@ def init_ray(address: str | None) -> None:
         # thresholds), so their RSS follows their live tensors between steps.
         for key, value in LOCAL_MALLOC_ENV.items():
             os.environ.setdefault(key, value)
+        if cpu_threads is not None:
+            os.environ.setdefault("OMP_NUM_THREADS", str(cpu_threads))
         address = _reachable_local_cluster() or _private_head()
     ray.init(address=address, log_to_driver=True)
 
