@@ -55,6 +55,8 @@ class RunData:
     """Everything the report reads from a run directory (missing files read as empty)."""
 
     def __init__(self, run_dir: Path) -> None:
+        if not run_dir.is_dir():
+            raise FileNotFoundError(f"{run_dir} does not exist or is not a directory")
         if not (run_dir / "metrics.jsonl").exists():
             raise FileNotFoundError(
                 f"{run_dir} has no metrics.jsonl: not an fp8rl run directory (or no step ran)"

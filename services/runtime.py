@@ -70,7 +70,11 @@ def init_ray(address: str | None, *, cpu_threads: int | None = None) -> None:
             os.environ.setdefault(key, value)
         if cpu_threads is not None:
             os.environ.setdefault("OMP_NUM_THREADS", str(cpu_threads))
-        address = _reachable_local_cluster() or _private_head()
+        address = _reachable_local_cluster()
+        if address is None:  # fp8rl logs the private head's address; Ray's own INFO line
+            address = _private_head()  # ("Connecting to … 192.0.2.2:port") names the node IP
+            ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
+            return
     ray.init(address=address, log_to_driver=True)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 from fp8rl.services import runtime
@@ -17,7 +18,9 @@ def test_a_private_local_ray_inherits_malloc_settings_that_return_memory(monkeyp
     for key in [*runtime.LOCAL_MALLOC_ENV, "OMP_NUM_THREADS"]:
         monkeypatch.delenv(key, raising=False)
     runtime.init_ray(None, cpu_threads=3)
-    assert calls == [{"address": "127.0.0.1:6390", "log_to_driver": True}]
+    assert calls == [
+        {"address": "127.0.0.1:6390", "log_to_driver": True, "logging_level": logging.WARNING}
+    ]
     assert os.environ["MALLOC_ARENA_MAX"] == "2"  # the head's workers inherit it
     assert os.environ["OMP_NUM_THREADS"] == "3"  # not Ray's 1 thread for a core-less actor
 

@@ -109,6 +109,11 @@ def test_report_of_a_directory_without_metrics_is_a_user_error(tmp_path):
     assert result.exit_code == 2 and "no metrics.jsonl" in result.output
 
 
+def test_report_of_a_missing_directory_says_it_does_not_exist(tmp_path):
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "typo")])
+    assert result.exit_code == 2 and "does not exist" in result.output
+
+
 def test_position_curves_are_picked_evenly_including_first_and_last_step():
     assert spread([0, 1], 6) == [0, 1]
     assert spread(list(range(11)), 3) == [0, 5, 10]
