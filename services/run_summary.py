@@ -50,7 +50,11 @@ def closing_lines(result: RunResult, *, spec: str, overrides: list[str]) -> list
     shown = [f"{k} {result.metrics[k]:.4g}" for k in FINAL_KEYS if k in result.metrics]
     if shown:
         lines.append("final metrics (last step): " + "  ".join(shown))
-    if result.reward_first is not None and "reward/mean" in result.metrics:
+    if (
+        result.reward_first is not None
+        and "reward/mean" in result.metrics
+        and result.steps_done > 1
+    ):
         lines.append(
             f"reward/mean: {result.reward_first:.3f} at step 1 -> "
             f"{result.metrics['reward/mean']:.3f} at step {result.steps_done}"

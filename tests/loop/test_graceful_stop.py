@@ -56,6 +56,14 @@ def test_closing_lines_of_a_finished_run_name_report_export_and_resume_with_more
     assert "fp8rl run q.yaml name=x steps=16 checkpoint.resume=auto" in text
 
 
+def test_closing_lines_of_a_one_step_run_show_no_reward_change():
+    result = _result(
+        steps_done=1, total_steps=1, metrics={"reward/mean": 0.1875}, reward_first=0.1875
+    )
+    text = "\n".join(closing_lines(result, spec="q.yaml", overrides=[]))
+    assert "run finished after 1 of 1 steps" in text and "->" not in text
+
+
 def test_closing_lines_of_a_stopped_run_resume_the_same_steps():
     result = _result(steps_done=3, stopped=True, checkpoint=Path("/c/step_3"))
     text = "\n".join(closing_lines(result, spec="q.yaml", overrides=["steps=8"]))
