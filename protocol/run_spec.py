@@ -40,7 +40,13 @@ class ResourcesSpec(StrictModel):
 
     weight_transport: Literal["auto", "object_store", "cuda_ipc", "nccl"] = "auto"
     """How weight updates travel. ``auto``: object store on CPU, CUDA IPC when colocated on GPUs,
-    NCCL broadcast when disaggregated."""
+    NCCL broadcast when disaggregated; in memory with ``hybrid_engine``."""
+
+    hybrid_engine: bool = False
+    """Run the native rollout engine inside the trainer's process (verl's hybrid engine): no
+    engine process, and each weight update is handed over in memory. Needs one native trainer
+    rank, one native engine and ``weight_transport: auto``; the phases then run one after the
+    other in that process. Saves the engine process on a small machine (the quickstart)."""
 
 
 class WandbSpec(StrictModel):

@@ -52,8 +52,8 @@ class WeightUpdate(StrictModel):
     quant_fingerprint: str | None
     """QuantConfig fingerprint the FP8 codes were made with (None for all-dense updates)."""
 
-    transport: Literal["object_store", "cuda_ipc", "nccl"]
-    """How the payload travels."""
+    transport: Literal["object_store", "cuda_ipc", "nccl", "local"]
+    """How the payload travels (``local``: inside one process, ``resources.hybrid_engine``)."""
 
     tensors: list[TensorEntry] = Field(min_length=1)
     """Every tensor of the update; the receiver refuses missing or extra names."""

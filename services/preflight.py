@@ -70,6 +70,7 @@ def unsupported(job: JobSpec) -> list[str]:
             "logging.mismatch_attribution_every: needs trainer.num_workers=1 (it rebuilds the "
             "policy from rank 0's full weights); set it to 0 or use one trainer rank"
         )
+    out += hybrid_problems(job)
     for i, fn in enumerate(job.reward.functions):
         if fn.name not in BUILTIN_REWARDS and "." not in fn.name and ":" not in fn.name:
             out.append(
@@ -77,6 +78,27 @@ def unsupported(job: JobSpec) -> list[str]:
                 f"({', '.join(BUILTIN_REWARDS)}) nor a dotted path package.module.function"
             )
     return out
+
+
+def hybrid_problems(job: JobSpec) -> list[str]:
+    """What ``resources.hybrid_engine`` (one trainer rank and one native engine in one process)
+    cannot host."""
+    if not job.resources.hybrid_engine:
+        return []
+    needs = {
+        "trainer.backend": (job.trainer.backend, "native"),
+        "rollout.backend": (job.rollout.backend, "native"),
+        "trainer.num_workers": (job.trainer.num_workers, 1),
+        "rollout.num_workers": (job.rollout.num_workers, 1),
+        "resources.weight_transport": (job.resources.weight_transport, "auto"),
+    }
+    return [
+        f"{field}: resources.hybrid_engine runs one native trainer rank and one native engine "
+        f"in one process and hands weights over in memory; got {value!r}, needs {wanted!r} "
+        "(or set resources.hybrid_engine: false)"
+        for field, (value, wanted) in needs.items()
+        if value != wanted
+    ]
 
 
 def template_problems(job: JobSpec) -> list[str]:

@@ -35,6 +35,9 @@ LOCAL_MALLOC_ENV = {
 }
 """glibc malloc settings a private local Ray's workers inherit (see ``init_ray``)."""
 
+RAY_PRESTART = "RAY_prestart_worker_first_driver"
+"""Ray's setting (its case) for prestarting idle workers when the first driver connects."""
+
 
 def local_cpu_threads(job: JobSpec) -> int:
     """Torch threads per worker of a private local Ray: the usable cores shared by the workers
@@ -70,6 +73,9 @@ def init_ray(address: str | None, *, cpu_threads: int | None = None) -> None:
             os.environ.setdefault(key, value)
         if cpu_threads is not None:
             os.environ.setdefault("OMP_NUM_THREADS", str(cpu_threads))
+        # Ray prestarts one worker per core for the first driver; the actors start their own,
+        # and an unused one idles at ~0.05 GB (a hybrid engine's run has one actor for 2 cores)
+        os.environ.setdefault(RAY_PRESTART, "0")
         address = _reachable_local_cluster()
         if address is None:  # fp8rl logs the private head's address; Ray's own INFO line
             address = _private_head()  # ("Connecting to … 192.0.2.2:port") names the node IP
@@ -170,6 +176,7 @@ class Workers:
     notes: list[str] = field(default_factory=list)
     plan: PlacementPlan | None = None
     placement: RayPlacement | None = None
+    hybrid: bool = False  # the engine runs in trainer rank 0's process (resources.hybrid_engine)
 
     @property
     def trainer(self) -> Any:
@@ -186,14 +193,15 @@ class Workers:
         return any(set(gpus) & train for (r, _), gpus in assignments.items() if r == "rollout")
 
     def release_engines(self) -> None:
-        """Colocated engines free their memory (KV cache; weights where the backend can) for
-        the trainer ranks beside them (``RolloutBackend.release_memory``); no-op otherwise."""
-        if self.engines_share_gpus:
+        """Engines that share memory with trainer ranks (a colocated GPU, or a hybrid engine's
+        process) free it for them (KV cache; weights where the backend can:
+        ``RolloutBackend.release_memory``); no-op otherwise."""
+        if self.engines_share_gpus or self.hybrid:
             ray.get([e.release_memory.remote() for e in self.rollout])
 
     def resume_engines(self) -> None:
         """Undo ``release_engines`` before the weight sync and the next rollout."""
-        if self.engines_share_gpus:
+        if self.engines_share_gpus or self.hybrid:
             ray.get([e.resume_memory.remote() for e in self.rollout])
 
     @property
@@ -248,16 +256,23 @@ def launch_workers(
     def opts(role: str, index: int = 0) -> dict[str, Any]:
         return actor_options(plan, role, index, placement)
 
-    if job.trainer.backend == "megatron":
-        trainers = _megatron_ranks(job, opts)
+    engines: list[Any] = []  # engine actors (a hybrid engine lives in the trainer's actor)
+    if job.resources.hybrid_engine:
+        from fp8rl.services.hybrid import launch_hybrid
+
+        trainer, view = launch_hybrid(job, opts("trainer", 0))
+        trainers, rollout = [trainer], [view]
     else:
-        trainers = _trainer_ranks(job, ray.remote(TrainerWorker), opts)
-    rollout = [
-        _rollout_actor(job)
-        .options(**opts("rollout", rank))
-        .remote(job.model, job.rollout, job.precision, device=device, rank=rank, seed=seed)
-        for rank in range(job.rollout.num_workers)
-    ]
+        if job.trainer.backend == "megatron":
+            trainers = _megatron_ranks(job, opts)
+        else:
+            trainers = _trainer_ranks(job, ray.remote(TrainerWorker), opts)
+        rollout = engines = [
+            _rollout_actor(job)
+            .options(**opts("rollout", rank))
+            .remote(job.model, job.rollout, job.precision, device=device, rank=rank, seed=seed)
+            for rank in range(job.rollout.num_workers)
+        ]
     references = []
     if job.reference_enabled:
         references = [
@@ -291,7 +306,7 @@ def launch_workers(
     reward = RewardPool(job.reward)
     if started is not None:  # the caller kills what was started, even if a handshake fails below
         started.extend(
-            a for a in (*trainers, *rollout, *references, *critics, *reward.actors) if a is not None
+            a for a in (*trainers, *engines, *references, *critics, *reward.actors) if a is not None
         )
     if needs_group(job.trainer):  # join the FSDP/Megatron groups: rank 0's address, all at once
         for group in (trainers, critics):
@@ -306,6 +321,7 @@ def launch_workers(
         critics=critics,
         plan=plan,
         placement=placement,
+        hybrid=job.resources.hybrid_engine,
     )
     reports = ray.get([a.handshake.remote() for a in [*trainers, *rollout, *references]])
     workers.notes = check_handshakes(reports, job.precision)
@@ -388,8 +404,11 @@ def setup_transport(workers: Workers, job: JobSpec, reports: list[Handshake]) ->
 
     ``auto``: the object store on CPU; CUDA IPC only when every engine is on the very GPU of
     trainer rank 0 (same node, same GPU UUID); otherwise an NCCL broadcast group (trainer rank 0
-    = group rank 0). ``nccl`` on CPU uses gloo.
+    = group rank 0). ``nccl`` on CPU uses gloo. A hybrid engine (``resources.hybrid_engine``)
+    receives in memory (``local``; its worker joined that transport when it started).
     """
+    if job.resources.hybrid_engine:  # trainer and engine share a process
+        return "local"
     name = job.resources.weight_transport
     on_gpu = any(r.device.startswith("cuda") for r in reports if r.role in ("trainer", "rollout"))
     if name == "auto":

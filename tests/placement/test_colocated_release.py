@@ -48,9 +48,18 @@ def test_engines_on_trainer_gpus_release_and_resume_every_engine(calls):
     ]
 
 
+def test_a_hybrid_engine_on_cpu_releases_and_resumes(calls):
+    job = load_job_spec(JOBS / "quickstart.yaml")  # resources.hybrid_engine: true
+    workers = _workers(plan_placement(job), calls, 1)
+    workers.hybrid = job.resources.hybrid_engine
+    workers.release_engines()
+    workers.resume_engines()
+    assert calls == ["release_memory[0]", "resume_memory[0]"]
+
+
 def test_engines_on_their_own_gpus_or_on_cpu_keep_their_memory(calls):
     apart = load_job_spec(LLAMA_8GPU, ["resources.placement=disaggregated"])
-    cpu = load_job_spec(JOBS / "quickstart.yaml")
+    cpu = load_job_spec(JOBS / "quickstart.yaml", ["resources.hybrid_engine=false"])
     for job in (apart, cpu):
         workers = _workers(plan_placement(job), calls, job.rollout.num_workers)
         assert not workers.engines_share_gpus

@@ -23,6 +23,7 @@ def test_quickstart_runs_two_steps_with_the_vllm_backend(tmp_path):
             "fp8rl.services.driver",
             str(REPO / "deploy" / "jobs" / "quickstart.yaml"),
             "rollout.backend=vllm",
+            "resources.hybrid_engine=false",  # vLLM runs as an engine actor of its own
             "steps=2",
         ],
         cwd=tmp_path,  # the run directory (output_dir/name) is relative to it

@@ -25,10 +25,11 @@ from fp8rl.protocol import (
     WeightUpdate,
 )
 from fp8rl.workers.common import handshake, load_model, pick_device
-from fp8rl.workers.host_memory import returns_free_memory
+from fp8rl.workers.host_memory import release_storage, restore_storage, returns_free_memory
 from fp8rl.workers.model.build import layer_precision
 from fp8rl.workers.rollout.backend import RolloutBackend
 from fp8rl.workers.rollout.engine import NativeEngine
+from fp8rl.workers.weight_sync.layout import weight_tensors
 from fp8rl.workers.weight_sync.receiver import WeightReceiver
 
 
@@ -70,6 +71,7 @@ class RolloutWorker(RolloutBackend):
         )
         self.fingerprint = precision.quant.fingerprint() if self.layer_precision.fp8 else None
         self.receiver = WeightReceiver(self.layer_precision, self.fingerprint)
+        self._released: list[tuple[Any, int]] = []  # (storage, bytes) freed by release_memory
 
     def current_version(self) -> int:
         """Policy version of the weights held (0 until the first update)."""
@@ -84,6 +86,11 @@ class RolloutWorker(RolloutBackend):
     @returns_free_memory
     def generate(self, request: RolloutRequest) -> RolloutResult:
         """n samples per prompt with token ids, logprobs, finish reasons, version and fingerprint."""
+        if self._released:
+            raise RuntimeError(
+                "the engine's weights were released for training (release_memory) and no weight "
+                "update has been applied since: apply one before generate"
+            )
         start = time.perf_counter()
         prompts = [p.token_ids for p in request.prompts]
         groups = self.engine.generate(prompts, request.sampling, [p.seed for p in request.prompts])
@@ -111,11 +118,24 @@ class RolloutWorker(RolloutBackend):
         )
 
     def release_memory(self) -> None:
-        """Return the KV cache and CUDA-graph memory the last ``generate`` freed to the device
-        (PyTorch's caching allocator keeps it otherwise), so a trainer rank on the same GPU can
-        use it. The FP8 weights stay; the next ``generate`` allocates its cache again."""
+        """Give memory to the trainer beside this engine until ``resume_memory``.
+
+        CUDA: return the KV cache and CUDA-graph memory the last ``generate`` freed to the device
+        (PyTorch's caching allocator keeps it otherwise); the FP8 weights stay (graphs hold
+        their addresses). CPU (a hybrid engine in the trainer's process): free the weights'
+        storage too, since the next weight update overwrites every tensor of them; until one
+        is applied, ``generate`` refuses to run.
+        """
         if self.engine.device.type == "cuda":
             torch.cuda.empty_cache()
+            return
+        self._released = self._released or release_storage(weight_tensors(self.model))
+
+    def resume_memory(self) -> None:
+        """Re-allocate the weights ``release_memory`` freed (contents undefined until the next
+        ``apply_weights`` writes them)."""
+        if self._released:
+            restore_storage(self._released)
 
     def init_transport(self, name: str, **kwargs: Any) -> None:
         """Receive weight updates through transport ``name`` (``nccl`` joins its process group)."""
@@ -128,7 +148,11 @@ class RolloutWorker(RolloutBackend):
         Raises:
             WeightUpdateRefused: naming each bad tensor; the engine keeps its weights and version.
         """
-        return self.receiver.apply(self.model, update, handle, device=self.device)
+        if self._released:
+            restore_storage(self._released)  # an update before resume_memory: storage first
+        version = self.receiver.apply(self.model, update, handle, device=self.device)
+        self._released = []  # every weight is the update's now
+        return version
 
     @torch.no_grad()
     def logits(self, token_ids: list[int]) -> Tensor:

@@ -89,3 +89,8 @@ def engine_tensor(model: nn.Module, name: str) -> Tensor:
     if is_fp8_linear(module) and leaf == SCALE_SUFFIX[1:]:
         return module.weight_scale
     return getattr(module, leaf)
+
+
+def weight_tensors(model: nn.Module) -> list[Tensor]:
+    """Every live tensor a weight update overwrites in an inference ``model`` (``engine_slots``)."""
+    return [engine_tensor(model, name) for name in engine_slots(model)]

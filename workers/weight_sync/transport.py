@@ -6,6 +6,8 @@
 - ``cuda_ipc`` (``CudaIpcTransport``): CUDA IPC handles for engines colocated on the trainer's GPU.
 - ``nccl`` (``CollectiveTransport``): a torch.distributed broadcast from the trainer to every
   engine (NCCL on GPUs, gloo on CPU for tests).
+- ``local`` (``LocalTransport``): the tensors themselves, for a trainer and an engine that share
+  one process (``resources.hybrid_engine``).
 
 The manifest (``WeightUpdate``) always travels through Ray as a typed message; receivers rebuild
 tensors from it and validate before writing anything.
@@ -49,7 +51,7 @@ def dtype_of(name: str) -> torch.dtype:
 
 
 def make_transport(name: str, **kwargs: Any) -> Transport:
-    """The transport called ``name`` (object_store | cuda_ipc | nccl)."""
+    """The transport called ``name`` (object_store | cuda_ipc | nccl | local)."""
     if name == "object_store":
         from fp8rl.workers.weight_sync.object_store import ObjectStoreTransport
 
@@ -62,4 +64,10 @@ def make_transport(name: str, **kwargs: Any) -> Transport:
         from fp8rl.workers.weight_sync.collective import CollectiveTransport
 
         return CollectiveTransport(**kwargs)
-    raise ValueError(f"unknown weight transport {name!r}; use object_store, cuda_ipc or nccl")
+    if name == "local":
+        from fp8rl.workers.weight_sync.local import LocalTransport
+
+        return LocalTransport()
+    raise ValueError(
+        f"unknown weight transport {name!r}; use object_store, cuda_ipc, nccl or local"
+    )
