@@ -45,8 +45,9 @@ class ResourcesSpec(StrictModel):
     hybrid_engine: bool = False
     """Run the native rollout engine inside the trainer's process (verl's hybrid engine): no
     engine process, and each weight update is handed over in memory. Needs one native trainer
-    rank, one native engine and ``weight_transport: auto``; the phases then run one after the
-    other in that process. Saves the engine process on a small machine (the quickstart)."""
+    rank, one native engine, ``weight_transport: auto`` and ``placement: colocated``; the
+    phases run one after the other in that process. Saves the engine process on a small
+    machine (the quickstart)."""
 
 
 class WandbSpec(StrictModel):

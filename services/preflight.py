@@ -91,6 +91,7 @@ def hybrid_problems(job: JobSpec) -> list[str]:
         "trainer.num_workers": (job.trainer.num_workers, 1),
         "rollout.num_workers": (job.rollout.num_workers, 1),
         "resources.weight_transport": (job.resources.weight_transport, "auto"),
+        "resources.placement": (job.resources.placement, "colocated"),
     }
     return [
         f"{field}: resources.hybrid_engine runs one native trainer rank and one native engine "
@@ -223,10 +224,19 @@ def local_problems(job: JobSpec) -> list[str]:
     return out
 
 
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be imported (``find_spec`` of a submodule raises when its parent
+    package is missing)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def megatron_problems(job: JobSpec) -> list[str]:
     """``trainer.backend=megatron`` on this machine: the extra is installed and the model splits
     into TP × PP (heads, layers, whole 128×128 FP8 blocks per shard)."""
-    if importlib.util.find_spec("megatron.core") is None:
+    if not _installed("megatron.core"):
         return [
             "trainer.backend: megatron-core is not installed here; install the extra "
             "(FP8RL_EXTRAS=dev,megatron bash deploy/setup.sh, or pip install '.[megatron]')"

@@ -87,6 +87,7 @@ def test_a_local_handle_from_another_process_is_refused_with_the_reason():
         ("trainer.num_workers=2", "trainer.num_workers"),
         ("rollout.num_workers=2", "rollout.num_workers"),
         ("resources.weight_transport=object_store", "resources.weight_transport"),
+        ("resources.placement=disaggregated", "resources.placement"),
     ],
 )
 def test_preflight_names_what_a_hybrid_engine_cannot_host(override, field):

@@ -158,3 +158,18 @@ def test_an_output_dir_that_cannot_be_written_is_refused_naming_the_field(tmp_pa
     finally:
         locked.chmod(0o700)
     assert not list(tmp_path.glob("**/.fp8rl-validate-*"))  # the probe leaves nothing
+
+
+def test_megatron_not_installed_is_a_problem_naming_the_field_not_a_traceback(monkeypatch):
+    import fp8rl.services.preflight as pf
+
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args):  # what importlib does for megatron.core without megatron
+        if name.startswith("megatron"):
+            raise ModuleNotFoundError(f"No module named {name.split('.')[0]!r}")
+        return real(name, *args)
+
+    monkeypatch.setattr(pf.importlib.util, "find_spec", find_spec)
+    problems = _problems("trainer.backend=megatron")
+    assert any(p.startswith("trainer.backend: megatron-core is not installed") for p in problems)
