@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every issue-14 GPU test and benchmark in one device call (H200), short tables last.
 #
-#   bash benchmarks/gpu_all.sh [stage ...]  # stages: tests attn parity mismatch tune rollout kv train checks exact
+#   bash benchmarks/gpu_all.sh [stage ...]  # stages: tests attn parity mismatch tune rollout kv train gemms checks exact
 #
 # Run from the repository root (device_env.sh makes it importable as fp8rl). Results go to $OUT
 # (the device call's output folder) or benchmarks/results/run/. Each stage has its own time
@@ -17,7 +17,7 @@ for s in $STAGES; do
   case $s in
   tests)
     stage tests
-    timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/fp8_kernels/test_fused_gpu.py \
+    timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/fp8_kernels/test_fused_gpu.py tests/fp8_kernels/test_finite_checks_gpu.py \
       tests/fp8_kernels/test_kernels_gpu.py 2>&1 | tail -25 | tee "$R/tests.txt" ;;
   attn)
     stage attn
@@ -47,8 +47,11 @@ for s in $STAGES; do
       --kv bf16 fp8 --decode-attn on off --out "$R" --tag rollout-gen4096 2>&1 | grep -v '^{' | tail -20 ;;
   train)
     stage train
-    timeout 100 python3 benchmarks/train_step.py --layers 8 --tokens 16384 32768 --profile \
+    timeout 150 python3 benchmarks/train_step.py --layers 8 --tokens 16384 32768 --checks deferred sync --profile \
       --out "$R" 2>&1 | grep -v '^{' | tail -40 ;;
+  gemms)
+    stage gemms
+    timeout 200 python3 benchmarks/kernels.py --only-gemms --out "$R" 2>&1 | grep -v '^  ' | tail -60 ;;
   checks)
     stage checks
     timeout 100 python3 benchmarks/gpu_checks.py --out "$R" 2>&1 | tail -25 ;;

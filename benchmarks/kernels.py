@@ -24,6 +24,7 @@ import json
 import platform
 import sys
 import warnings
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from triton.testing import do_bench
 
 from fp8rl.kernels import (
     FP8Linear,
+    deferred_finite_checks,
     fp8_gemm,
     fp8_linear,
     gemm_triton,
@@ -203,6 +205,10 @@ def quantizer_sweep() -> list[dict]:
     return rows
 
 
+KEYS = ("default", "triton", "triton_exact", "fp8_linear", "fp8_linear_deferred",
+        "fp8_linear_unchecked")  # fmt: skip
+
+
 def _gemm_variants(x, w, wq, xq) -> dict:
     return {
         "bf16": lambda: torch.matmul(x, w.t()),
@@ -212,6 +218,8 @@ def _gemm_variants(x, w, wq, xq) -> dict:
             xq, wq, out_dtype=torch.bfloat16, exact=True
         ),
         "fp8_linear": lambda: fp8_linear(x, wq),
+        "fp8_linear_deferred": lambda: fp8_linear(x, wq),  # timed inside deferred_finite_checks
+        "fp8_linear_unchecked": lambda: fp8_linear(x, wq, check_finite=False),
     }
 
 
@@ -235,10 +243,12 @@ def gemm_rows() -> list[dict]:
                 ]
                 times = {}
                 for key in variants[0]:
-                    if m <= 256:
-                        times[key] = bench_graph([v[key] for v in variants])
-                    else:
-                        times[key] = bench(variants[0][key])
+                    deferred = key == "fp8_linear_deferred"
+                    with deferred_finite_checks() if deferred else nullcontext():
+                        if m <= 256:
+                            times[key] = bench_graph([v[key] for v in variants])
+                        else:
+                            times[key] = bench(variants[0][key])
                 flops = 2 * m * n * k
                 row = {"model": model, "layer": name, "m": m, "n": n, "k": k, "graph": m <= 256,
                        "default_refused": len(gemm_module._REFUSED) > refused_before}  # fmt: skip
@@ -378,21 +388,22 @@ def markdown(
         "",
         "`default` = `fp8_gemm` dispatcher (scaled_mm/cuBLASLt blockwise on the H200), `triton` = "
         "fast Triton config, `exact` = batch-invariant Triton config, `fp8_linear` = 1×128 "
-        "quantization + default GEMM. M ≤ 256: every variant replayed from a CUDA graph over "
-        "several weight copies (> L2), i.e. kernel time without Python/launch overhead; M ≥ 4096: "
-        "eager do_bench. Operands are pre-quantized except in `fp8_linear`.",
+        "quantization + default GEMM with its NaN/inf check synced per call, `deferred` = the same "
+        "inside `deferred_finite_checks()` (one sync at the end, what the trainers run), "
+        "`unchecked` = `check_finite=False`. M ≤ 256: every variant replayed from a CUDA graph "
+        "over several weight copies (> L2), i.e. kernel time without Python/launch overhead (no "
+        "check runs in a graph); M ≥ 4096: eager do_bench. Operands are pre-quantized except in "
+        "the three `fp8_linear` columns.",
         "",
-        "| model | layer | M | N | K | bf16 | default | triton | exact | fp8_linear |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | layer | M | N | K | bf16 | default | triton | exact | fp8_linear | deferred | "
+        "unchecked |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in gemm:
-        cells = [
-            f"{r[f'{key}_tflops']:.1f} ({r[f'{key}_speedup']:.2f}×)"
-            for key in ("default", "triton", "triton_exact", "fp8_linear")
-        ]
+        cells = [f"{r[f'{key}_tflops']:.1f} ({r[f'{key}_speedup']:.2f}×)" for key in KEYS]
         refused = " †" if r["default_refused"] else ""
         lines.append(f"| {r['model']} | {r['layer']} | {r['m']} | {r['n']} | {r['k']} | {r['bf16_tflops']:.1f} | "
-                     f"{cells[0]}{refused} | {cells[1]} | {cells[2]} | {cells[3]} |")  # fmt: skip
+                     f"{cells[0]}{refused} | " + " | ".join(cells[1:]) + " |")  # fmt: skip
     lines += [
         "",
         "† the library backend refused this shape; the dispatcher ran the Triton kernel.",
@@ -477,6 +488,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only-quantizers", action="store_true", help="ceilings + quantizer tables only"
     )
+    parser.add_argument(
+        "--only-gemms", action="store_true", help="ceilings + the GEMM / fp8_linear table only"
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks/kernels.py needs a CUDA GPU", file=sys.stderr)
@@ -487,10 +501,17 @@ def main(argv: list[str] | None = None) -> int:
     print(env, flush=True)
     ceil = ceilings()
     print(ceil, flush=True)
-    quant = quantizer_rows()
-    qsweep = quantizer_sweep()
     args.out.mkdir(parents=True, exist_ok=True)
     slug = env["gpu"].split()[-1].lower()
+    if args.only_gemms:
+        gemm = gemm_rows()
+        (args.out / f"kernels-{slug}-gemms.json").write_text(json.dumps(gemm, indent=1))
+        text = markdown(env, ceil, [], gemm, [], [], [])
+        (args.out / f"kernels-{slug}-gemms.md").write_text(text)
+        print(text.split("## GEMMs")[1].split("## FP8Linear")[0])
+        return 0
+    quant = quantizer_rows()
+    qsweep = quantizer_sweep()
     if args.only_quantizers:
         text = markdown(env, ceil, quant, [], [], [], qsweep)
         (args.out / f"kernels-{slug}-quantizers.md").write_text(text)

@@ -7,6 +7,10 @@ One step = forward over ``tokens`` (sequences of ``--seq``), the mean token log-
 float32 master weights. Random weights and ids (speed only). Reports the median step time of
 ``--steps`` timed steps after one warm-up, the peak memory, and with ``--profile`` the top
 device kernels of one step.
+
+``--checks``: the quantizers' NaN/inf check in FP8 rows: ``deferred`` (what the trainers run:
+one host sync after the backward), ``sync`` (one host sync per quantization, the trainer before
+issue 14's deferral) or ``off``.
 """
 
 from __future__ import annotations
@@ -15,17 +19,19 @@ import argparse
 import dataclasses
 import json
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
+from fp8rl.kernels import deferred_finite_checks
 from fp8rl.protocol import QuantConfig
 from fp8rl.workers.model.build import build_decoder
 from fp8rl.workers.model.config import PRESETS
 from fp8rl.workers.model.linear import LayerPrecision
 
 
-def build(cfg, mode: str, exact: bool, seq: int):
+def build(cfg, mode: str, exact: bool, seq: int, checks: str):
     fp8 = mode == "unified_fp8"
     precision = LayerPrecision(
         dtype=torch.bfloat16, fp8=fp8, quant=QuantConfig() if fp8 else None, exact=exact
@@ -33,27 +39,28 @@ def build(cfg, mode: str, exact: bool, seq: int):
     model = build_decoder(
         cfg, precision, state_dict=None, max_positions=seq, param_dtype=torch.float32, device="cuda"
     )
-    for module in model.modules():  # no per-quantization host sync (the trainer's fast setting)
+    for module in model.modules():
         if hasattr(module, "check_finite"):
-            module.check_finite = False
+            module.check_finite = checks != "off"
     return model.train()
 
 
-def step(model, optimizer, ids: torch.Tensor) -> None:
+def step(model, optimizer, ids: torch.Tensor, checks: str = "off") -> None:
     batch, seq = ids.shape
     pos = torch.arange(seq, device="cuda").expand(batch, seq)
-    hidden = model(ids, pos, torch.full((batch,), seq, device="cuda"))
-    logp = model.token_logprobs(hidden[:, :-1], ids[:, 1:], temperature=1.0)
-    (-logp.mean()).backward()
+    with deferred_finite_checks() if checks == "deferred" else nullcontext():
+        hidden = model(ids, pos, torch.full((batch,), seq, device="cuda"))
+        logp = model.token_logprobs(hidden[:, :-1], ids[:, 1:], temperature=1.0)
+        (-logp.mean()).backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
 
-def top_kernels(model, optimizer, ids, count: int = 15) -> list[dict]:
+def top_kernels(model, optimizer, ids, checks: str, count: int = 15) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step(model, optimizer, ids)
+        step(model, optimizer, ids, checks)
         torch.cuda.synchronize()
     events = sorted(prof.key_averages(), key=lambda e: e.device_time_total, reverse=True)
     total = sum(e.device_time_total for e in events) or 1.0
@@ -67,26 +74,29 @@ def top_kernels(model, optimizer, ids, count: int = 15) -> list[dict]:
     ]
 
 
-def measure(cfg, mode: str, tokens: int, seq: int, steps: int, exact: bool, profile: bool) -> dict:
+def measure(
+    cfg, mode: str, tokens: int, seq: int, steps: int, exact: bool, checks: str, profile: bool
+) -> dict:
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    model = build(cfg, mode, exact, seq)
+    model = build(cfg, mode, exact, seq, checks)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
     ids = torch.randint(0, cfg.vocab_size, (tokens // seq, seq), device="cuda")
-    row = {"mode": mode, "exact": exact, "tokens": tokens, "layers": cfg.num_hidden_layers}
+    row = {"mode": mode, "exact": exact, "checks": checks, "tokens": tokens}
+    row["layers"] = cfg.num_hidden_layers
     try:
-        step(model, optimizer, ids)  # warm-up (compiles kernels, allocates optimizer state)
+        step(model, optimizer, ids, checks)  # warm-up (compiles kernels, allocates optimizer state)
         torch.cuda.synchronize()
         times = []
         for _ in range(steps):
             t0 = time.perf_counter()
-            step(model, optimizer, ids)
+            step(model, optimizer, ids, checks)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
         row["step_s"] = sorted(times)[len(times) // 2]
         row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
         if profile:
-            row["top_kernels"] = top_kernels(model, optimizer, ids)
+            row["top_kernels"] = top_kernels(model, optimizer, ids, checks)
     except torch.OutOfMemoryError as err:
         row["step_s"], row["peak_gib"], row["error"] = float("nan"), float("nan"), str(err)[:120]
     del model, optimizer
@@ -102,35 +112,41 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--modes", nargs="+", default=["bf16", "unified_fp8"])
     parser.add_argument("--exact", action="store_true", help="also run unified FP8 exact")
+    parser.add_argument(
+        "--checks", nargs="+", default=["deferred"], choices=["deferred", "sync", "off"]
+    )
     parser.add_argument("--profile", action="store_true", help="top kernels at the first size")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     cfg = dataclasses.replace(PRESETS[args.preset], num_hidden_layers=args.layers)
-    runs = [(mode, False) for mode in args.modes] + ([("unified_fp8", True)] if args.exact else [])
+    fp8 = [("unified_fp8", False)] if "unified_fp8" in args.modes else []
+    fp8 += [("unified_fp8", True)] if args.exact else []
+    runs = [(m, False, "off") for m in args.modes if m != "unified_fp8"]  # no quantizer, no check
+    runs += [(m, exact, checks) for m, exact in fp8 for checks in args.checks]
     rows = []
     for i, tokens in enumerate(args.tokens):
-        for mode, exact in runs:
+        for mode, exact, checks in runs:
             prof = args.profile and i == 0
-            rows.append(measure(cfg, mode, tokens, args.seq, args.steps, exact, prof))
+            rows.append(measure(cfg, mode, tokens, args.seq, args.steps, exact, checks, prof))
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "top_kernels"}), flush=True)
     lines = [
         f"# Train step — {args.preset}, {args.layers} layers, seq {args.seq}",
         f"{time.strftime('%Y-%m-%d')} · {torch.cuda.get_device_name()} · torch {torch.__version__}",
         "",
-        "| mode | exact | tokens | step s | vs BF16 | peak GiB |",
-        "|---|---|---|---|---|---|",
+        "| mode | exact | NaN checks | tokens | step s | vs BF16 | peak GiB |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         base = [x for x in rows if x["mode"] == "bf16" and x["tokens"] == r["tokens"]]
         ratio = f"{base[0]['step_s'] / r['step_s']:.2f}×" if base else "—"  # no BF16 row run
         lines.append(
-            f"| {r['mode']} | {r['exact']} | {r['tokens']} | {r['step_s']:.3f} | "
+            f"| {r['mode']} | {r['exact']} | {r['checks']} | {r['tokens']} | {r['step_s']:.3f} | "
             f"{ratio} | {r['peak_gib']:.1f} |"
         )
     for r in rows:
         for k in r.get("top_kernels", []):
             lines.append(
-                f"- {r['mode']} exact={r['exact']}: {k['ms']:.1f} ms ({k['share']:.0%}) {k['kernel']}"
+                f"- {r['mode']} exact={r['exact']} checks={r['checks']}: {k['ms']:.1f} ms ({k['share']:.0%}) {k['kernel']}"
             )
     table = "\n".join(lines) + "\n"
     print(table)

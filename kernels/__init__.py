@@ -8,6 +8,7 @@ reaches a public wrapper.
 """
 
 from fp8rl.kernels.backend import kernel_backend
+from fp8rl.kernels.finite import deferred_finite_checks
 from fp8rl.kernels.gemm import fp8_gemm, fp8_gemm_reference, scaled_mm_scales
 from fp8rl.kernels.linear import FP8Linear, FP8LinearFunction, fp8_linear
 from fp8rl.kernels.quant import (
@@ -38,6 +39,7 @@ __all__ = [
     "FP8Linear",
     "FP8LinearFunction",
     "QuantizedTensor",
+    "deferred_finite_checks",
     "fp8_gemm",
     "fp8_gemm_reference",
     "fp8_linear",

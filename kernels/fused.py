@@ -15,12 +15,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fp8rl.kernels.finite import raise_if_not_finite, should_check_finite
 from fp8rl.kernels.quant import (
     QuantizedTensor,
     ScaleFormat,
     per_token_group_quant_reference,
-    raise_if_not_finite,
-    should_check_finite,
 )
 
 

@@ -27,6 +27,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from fp8rl.kernels.finite import raise_if_not_finite, should_check_finite
 from fp8rl.kernels.gemm import fp8_gemm, fp8_gemm_dequantized
 from fp8rl.kernels.quant import (
     FP8_DTYPE,
@@ -36,10 +37,8 @@ from fp8rl.kernels.quant import (
     per_block_quant,
     per_token_and_column_group_quant,
     per_token_group_quant,
-    raise_if_not_finite,
     requant_to_column_groups,
     scale_grid_shape,
-    should_check_finite,
 )
 
 
@@ -129,7 +128,8 @@ def fp8_linear(
         exact: batch-invariant kernels (bitwise parity mode).
         scale_format: the activation scale rule (must match the trainer's QuantConfig).
         check_finite: raise on NaN/inf in ``x``. On CUDA this costs one host sync per call
-            (skipped inside CUDA-graph capture); it never changes the result's bits.
+            (none inside ``deferred_finite_checks()``, which raises at the block's end; skipped
+            inside CUDA-graph capture); it never changes the result's bits.
     Returns:
         ``[..., N]`` in ``x.dtype``, bitwise equal to ``FP8Linear.forward`` for the same inputs.
     Raises:

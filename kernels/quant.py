@@ -13,8 +13,9 @@ Design notes
 * Codes are ``clamp(x / scale, -448, 448)`` cast to ``float8_e4m3fn`` (round to nearest even).
   The clamp comes *before* the cast: ``torch`` casts 465 to NaN, not to 448.
 * Non-finite input is an error, not a NaN scale. The check costs one ``isfinite`` reduction over
-  the amax tensor (1/128 of the data) and, on CUDA, one host sync; pass ``check_finite=False`` in
-  CUDA-graph captured code (the check is skipped automatically while a stream is capturing).
+  the amax tensor (1/128 of the data) and, on CUDA, one host sync, or no sync inside
+  ``finite.deferred_finite_checks()`` (what the trainers run); it is skipped while a stream is
+  capturing a CUDA graph.
 * Every quantizer is an elementwise function of its group, so a row's codes never depend on the
   batch size or on the row's position: M=1 and M=4096 run the same code path.
 * The pure-torch ``*_reference`` functions are the CPU truth. On CUDA the public wrappers launch
@@ -37,6 +38,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from fp8rl.kernels.finite import raise_if_not_finite, should_check_finite
 
 FP8_E4M3_MAX = 448.0
 """Largest finite ``float8_e4m3fn`` value (OCP FP8 spec)."""
@@ -179,31 +182,6 @@ def _check_input(x: Tensor, name: str, *, dims: int | None = None) -> None:
         raise ValueError(f"{name}: expected a {dims}-D tensor, got shape {tuple(x.shape)}")
     if dims is None and x.dim() < 1:
         raise ValueError(f"{name}: expected at least 1 dimension, got a scalar")
-
-
-def should_check_finite(check_finite: bool, device: torch.device) -> bool:
-    """Whether to run the finiteness check (never inside a CUDA graph capture: it syncs)."""
-    if not check_finite:
-        return False
-    return not (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
-
-
-def raise_if_not_finite(amax: Tensor, *, name: str, what: str) -> None:
-    """Raise ``ValueError`` naming the first group whose ``amax`` is NaN/inf (one reduction).
-
-    ``amax`` has the logical scale grid shape; ``what`` says what one grid index addresses.
-    """
-    finite = torch.isfinite(amax)
-    if bool(finite.all()):
-        return
-    bad = (~finite).nonzero()
-    first = tuple(int(i) for i in bad[0].tolist())
-    value = float(amax[first])
-    raise ValueError(
-        f"{name}: non-finite input ({value}) in {what} at scale index {first}; "
-        f"{bad.shape[0]} of {amax.numel()} groups are NaN/inf. FP8 scales would be NaN: "
-        "fix the upstream overflow instead of quantizing it"
-    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
+from fp8rl.protocol.algorithm_spec import AlgorithmSpec
+from fp8rl.workers.algorithms import rl_objective
 from fp8rl.workers.model.scoring import PackedBatch
 
 
@@ -53,6 +55,30 @@ class TrainBatch:
             if isinstance(value, Tensor | PackedBatch):
                 cut[name] = value.to(device)
         return TrainBatch(**cut)
+
+
+def micro_objective(
+    micro: TrainBatch,
+    logp: Tensor,
+    entropy: Tensor | None,
+    *,
+    spec: AlgorithmSpec,
+    denominator: float,
+) -> tuple[Tensor, dict[str, float]]:
+    """``rl_objective`` of one micro-batch: ``logp``/``entropy`` [b, R] from the current policy,
+    the rest from ``micro``; ``denominator`` is the mini-batch's global loss denominator.
+    Returns the scalar loss and the objective's metrics (both trainers run this)."""
+    return rl_objective(
+        logp,
+        micro.old_logp,
+        micro.advantages,
+        micro.packed.response_mask,
+        spec=spec,
+        ref_logp=micro.ref_logp,
+        entropy=entropy,
+        rollout_logp=micro.rollout_logp,
+        loss_denominator=denominator,
+    )
 
 
 @dataclass

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fp8rl.kernels.finite import deferred_finite_checks
 from fp8rl.protocol import (
     AlgorithmSpec,
     Handshake,
@@ -32,7 +33,6 @@ from fp8rl.protocol import (
     TrainerSpec,
     WeightUpdate,
 )
-from fp8rl.workers.algorithms import rl_objective
 from fp8rl.workers.common import handshake, load_model, pick_device
 from fp8rl.workers.host_memory import (
     release_between_blocks,
@@ -44,7 +44,7 @@ from fp8rl.workers.model.decoder import Decoder
 from fp8rl.workers.model.scoring import PackedBatch
 from fp8rl.workers.trainer import sharding
 from fp8rl.workers.trainer.backend import TrainerBackend
-from fp8rl.workers.trainer.batch import TrainBatch, TrainShard, plan_shards
+from fp8rl.workers.trainer.batch import TrainBatch, TrainShard, micro_objective, plan_shards
 from fp8rl.workers.trainer.dcp_state import load_state, save_state
 from fp8rl.workers.trainer.schedule import lr_factor
 from fp8rl.workers.weight_sync.publisher import WeightPublisher
@@ -195,7 +195,8 @@ class TrainerWorker(TrainerBackend):
         out = []
         with self._observing_kv():
             for _, micro in shard.micro_batches(self.spec.micro_batch_size):
-                logp, _ = self._score(micro, with_entropy=False)
+                with deferred_finite_checks():
+                    logp, _ = self._score(micro, with_entropy=False)
                 if micro is not None:
                     out.append(_pad_to(logp.cpu(), width))
         return torch.cat(out) if out else torch.zeros(0, width)
@@ -297,30 +298,11 @@ class TrainerWorker(TrainerBackend):
         sums: dict[str, float] = {}
         real = 0
         for micro in micros:
-            micro = None if micro is None else micro.to(self.device)
-            logp, entropy = self._score(micro, with_entropy=True)
-            if micro is None:
-                (
-                    logp.sum() * 0.0 + (entropy.sum() * 0.0 if entropy is not None else 0.0)
-                ).backward()
-                continue
-            loss, metrics = rl_objective(
-                logp,
-                micro.old_logp,
-                micro.advantages,
-                micro.packed.response_mask,
-                spec=self.algorithm,
-                ref_logp=micro.ref_logp,
-                entropy=entropy,
-                rollout_logp=micro.rollout_logp,
-                loss_denominator=denominator,
-            )
-            release_free_memory()  # the forward's freed temporaries, before the backward's
-            (loss * self.world_size).backward()  # FSDP averages over ranks; the loss is global
-            release_free_memory()  # this micro-batch's activations, before the next one's
+            with deferred_finite_checks():  # one host sync per micro-batch, before the step
+                metrics = self._micro_backward(micro, denominator)
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v
-            real += 1
+            real += micro is not None
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)  # no gradients held while the engines roll out
@@ -332,6 +314,24 @@ class TrainerWorker(TrainerBackend):
         out["actor/grad_norm"] = float(sharding.full_tensor(grad_norm))
         out["actor/lr"] = self.scheduler.get_last_lr()[0]
         return out
+
+    def _micro_backward(self, micro: TrainBatch | None, denominator: float) -> dict[str, float]:
+        """Forward + backward of one micro-batch (gradients accumulate); its objective metrics.
+
+        ``None``: a zero-weight forward and backward (no metrics), so FSDP's collectives stay
+        paired with a longer rank's."""
+        micro = None if micro is None else micro.to(self.device)
+        logp, entropy = self._score(micro, with_entropy=True)
+        if micro is None:
+            (logp.sum() * 0.0 + (entropy.sum() * 0.0 if entropy is not None else 0.0)).backward()
+            return {}
+        loss, metrics = micro_objective(
+            micro, logp, entropy, spec=self.algorithm, denominator=denominator
+        )
+        release_free_memory()  # the forward's freed temporaries, before the backward's
+        (loss * self.world_size).backward()  # FSDP averages over ranks; the loss is global
+        release_free_memory()  # this micro-batch's activations, before the next one's
+        return metrics
 
     def _score(
         self, micro: TrainBatch | None, *, with_entropy: bool

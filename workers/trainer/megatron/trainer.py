@@ -32,14 +32,15 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from torch import Tensor
 
+from fp8rl.kernels.finite import deferred_finite_checks
 from fp8rl.kernels.invariant import attention_mask
 from fp8rl.protocol import AlgorithmSpec, Handshake, ModelSpec, PrecisionSpec, WeightUpdate
 from fp8rl.protocol.trainer_spec import MegatronTrainer as MegatronTrainerSpec
-from fp8rl.workers.algorithms import entropy_from_logits, rl_objective
+from fp8rl.workers.algorithms import entropy_from_logits
 from fp8rl.workers.common import handshake, load_model, pick_device
 from fp8rl.workers.model.build import layer_precision
 from fp8rl.workers.trainer.backend import TrainerBackend
-from fp8rl.workers.trainer.batch import TrainBatch, TrainShard
+from fp8rl.workers.trainer.batch import TrainBatch, TrainShard, micro_objective
 from fp8rl.workers.trainer.megatron.logprobs import response_logits, vocab_parallel_logprobs
 from fp8rl.workers.trainer.megatron.model import build_gpt_model, load_hf_weights
 from fp8rl.workers.trainer.megatron.parallel import init_parallel
@@ -232,13 +233,14 @@ class MegatronTrainer(TrainerBackend):
             out.append(torch.nn.functional.pad(logp.float().cpu(), (0, width - logp.shape[1])))
             return logp.sum() * 0.0
 
-        if self.layout.pp > 1:
-            self._megatron_schedule(micros, keep, forward_only=True)
-            if not parallel_state.is_pipeline_last_stage():
-                return None
-        else:
-            for micro in micros:
-                keep(micro)
+        with deferred_finite_checks():
+            if self.layout.pp > 1:
+                self._megatron_schedule(micros, keep, forward_only=True)
+            else:
+                for micro in micros:
+                    keep(micro)
+        if self.layout.pp > 1 and not parallel_state.is_pipeline_last_stage():
+            return None
         return torch.cat(out)
 
     def calibrate_kv(self, batch: Any) -> None:
@@ -302,7 +304,8 @@ class MegatronTrainer(TrainerBackend):
         accumulated, then reduced over TP/PP/DP); ``denominator``: the global loss denominator."""
         self.optimizer.zero_grad(set_to_none=True)
         micros = [m.to(self.device) for m in micros]
-        sums = self._forward_backward(micros, denominator)
+        with deferred_finite_checks():  # one host sync for the mini-batch, before the step
+            sums = self._forward_backward(micros, denominator)
         self._reduce_grads()
         grad_norm = self._clip_grads(self.spec.grad_clip)
         self.optimizer.step()
@@ -322,16 +325,8 @@ class MegatronTrainer(TrainerBackend):
 
         def loss_of(micro: TrainBatch, hidden: Tensor | None = None) -> Tensor:
             logp, entropy = self._score(micro, with_entropy=True, hidden=hidden)
-            loss, metrics = rl_objective(
-                logp,
-                micro.old_logp,
-                micro.advantages,
-                micro.packed.response_mask,
-                spec=self.algorithm,
-                ref_logp=micro.ref_logp,
-                entropy=entropy,
-                rollout_logp=micro.rollout_logp,
-                loss_denominator=denominator,
+            loss, metrics = micro_objective(
+                micro, logp, entropy, spec=self.algorithm, denominator=denominator
             )
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v
