@@ -150,12 +150,18 @@ def scaled_mm_scales(q: QuantizedTensor) -> Tensor:
     1×128 operand ``[rows, K]``: logical ``[rows, ceil(K/128)]`` with stride ``(1, rows)``.
     128×128 operand ``[rows, K]``: ``[round_up(ceil(K/128), 4), ceil(rows/128)]`` with stride
     ``(1, L4)``; the padded K-block entries are initialised to 1.0 and never multiply real data.
-    The logical scale of ``q`` is not changed (this is a copy when the layout differs).
+    The logical scale of ``q`` is not changed. A row-major 128×128 scale whose K-block count is a
+    multiple of 4 (every 7B/8B linear) already is that layout: its transposed view is returned
+    (when 16-byte aligned) and nothing is copied (no kernel, no allocation: this runs on every FP8 linear call, whose
+    eager time is CPU-bound); otherwise, or when the layout differs, this is a copy.
     """
     if q.block == (1, GROUP):
         return _outer_major(q.scale)
     blocks_rows, blocks_k = q.scale.shape
     padded_k = -(-blocks_k // 4) * 4
+    aligned = q.scale.data_ptr() % 16 == 0  # a received flat buffer's slice may not be
+    if padded_k == blocks_k and q.scale.stride() == (blocks_k, 1) and aligned:
+        return q.scale.t()
     layout = torch.ones(blocks_rows, padded_k, dtype=torch.float32, device=q.scale.device)
     layout[:, :blocks_k] = q.scale
     return layout.t()

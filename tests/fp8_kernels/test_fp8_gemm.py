@@ -139,6 +139,25 @@ def test_scaled_mm_scales_are_outer_dim_major_with_initialised_padding():
     assert torch.equal(sb[:5], w.scale.t()) and bool((sb[5:] == 1.0).all())
 
 
+def test_scaled_mm_scales_of_a_whole_4_block_weight_are_a_view_not_a_copy():
+    w = per_block_quant(torch.randn(256, 512))  # 4 K blocks: no padding
+    sb = scaled_mm_scales(w)
+    assert sb.shape == (4, 2) and sb.stride() == (1, 4)
+    assert sb.data_ptr() == w.scale.data_ptr() and torch.equal(sb, w.scale.t())
+    w.scale.mul_(2.0)  # an in-place weight update is seen (a CUDA graph replays the new scales)
+    assert torch.equal(scaled_mm_scales(w), w.scale.t())
+    dgrad = scaled_mm_scales(w.t().t())  # same layout through views: still no copy
+    assert dgrad.data_ptr() == w.scale.data_ptr()
+    strided = QuantizedTensor(w.codes, w.scale.t().contiguous().t(), w.block)  # column-major
+    copied = scaled_mm_scales(strided)
+    assert copied.stride() == (1, 4) and torch.equal(copied, w.scale.t())
+    assert copied.data_ptr() != w.scale.data_ptr()
+    flat = torch.zeros(1 + w.scale.numel())
+    offset = QuantizedTensor(w.codes, flat[1:].view(2, 4).copy_(w.scale), w.block)  # 4-byte aligned
+    assert torch.equal(scaled_mm_scales(offset), w.scale.t())
+    assert scaled_mm_scales(offset).data_ptr() != offset.scale.data_ptr()
+
+
 def test_scaled_mm_scales_of_a_single_row_still_have_stride_one_then_m():
     # bug fixed: t().contiguous().t() kept stride (K/128, 1) for M = 1; scaled_mm refused it
     sa = scaled_mm_scales(per_token_group_quant(torch.randn(1, 4096)))
