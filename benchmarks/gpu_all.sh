@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every issue-14 GPU test and benchmark in one device call (H200), short tables last.
 #
-#   bash benchmarks/gpu_all.sh [stage ...]  # stages: tests attn parity mismatch tune rollout kv train gemms checks exact
+#   bash benchmarks/gpu_all.sh [stage ...]  # stages: tests attn rope cpu parity mismatch tune rollout kv train gemms checks exact
 #
 # Run from the repository root (device_env.sh makes it importable as fp8rl). Results go to $OUT
 # (the device call's output folder) or benchmarks/results/run/. Each stage has its own time
@@ -24,6 +24,18 @@ for s in $STAGES; do
     timeout 90 python3 -m pytest -q -p no:cacheprovider -m gpu tests/fp8_kernels/test_decode_attention_gpu.py \
       2>&1 | tail -12 | tee "$R/attn-tests.txt"
     timeout 60 python3 benchmarks/decode_attention.py --out "$R" 2>&1 | grep -v '^{' | tail -40 ;;
+  rope)
+    stage rope
+    timeout 90 python3 -m pytest -q -p no:cacheprovider -m gpu tests/fp8_kernels/test_rope_kv_gpu.py \
+      2>&1 | tail -6 | tee "$R/rope-tests.txt"
+    timeout 200 python3 benchmarks/rollout.py --batch 64 256 --gen 512 --graphs on --rope-kv on off \
+      --out "$R" --tag rollout-rope 2>&1 | grep -v '^{' | tail -12
+    timeout 100 python3 benchmarks/rollout.py --layers 8 --batch 64 --gen 512 --graphs on \
+      --modes unified_fp8 --kv fp8 --rope-kv on off --out "$R" --tag rollout-rope-fp8kv 2>&1 \
+      | grep -v '^{' | tail -5 ;;
+  cpu)
+    stage cpu
+    timeout 120 python3 benchmarks/cpu_overhead.py --out "$R" 2>&1 | tail -16 ;;
   parity)
     stage parity
     timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu 2>&1 | tail -15 \

@@ -146,11 +146,19 @@ def main() -> None:
         help="split-KV decode attention kernel on and/or off (off, the default: dequantize + "
         "SDPA; on breaks fast-mode parity, see kernels/decode_attention.py)",
     )
+    parser.add_argument(
+        "--rope-kv",
+        nargs="+",
+        default=["on"],
+        choices=["on", "off"],
+        help="fused RoPE + KV-cache write kernel on (default) and/or off (torch ops; bitwise "
+        "the same results, see kernels/rope_kv.py)",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--tag", help="file name stem under --out (default rollout)")
     args = parser.parse_args()
-    from fp8rl.kernels import decode_attention, gemm_decode_triton
+    from fp8rl.kernels import decode_attention, gemm_decode_triton, rope_kv
 
     gemm_decode_triton.set_enabled(args.decode_gemm == "all")
     gemm_decode_triton.set_parity_safe(args.decode_gemm != "off")
@@ -169,10 +177,14 @@ def main() -> None:
             ctx = args.prompt + args.gen / 2
             step_bytes = weight_bytes(cfg, mode) + batch * ctx * kv_bytes_per_token(cfg, kv_fp8)
             roofline = batch / (step_bytes / HBM_BYTES_PER_S)
-            for graphs, attn in [(g, a) for g in args.graphs for a in args.decode_attn]:
+            variants = [
+                (g, a, r) for g in args.graphs for a in args.decode_attn for r in args.rope_kv
+            ]
+            for graphs, attn, rope in variants:
                 if graphs == "on" and not args.device.startswith("cuda"):
                     continue
                 decode_attention.set_enabled(attn == "on")
+                rope_kv.set_fused(rope == "on")
                 try:
                     rate = decode_tokens_per_s(
                         model,
@@ -194,6 +206,7 @@ def main() -> None:
                         "exact": args.exact,
                         "decode_gemm": args.decode_gemm,
                         "decode_attn": attn,
+                        "rope_kv": rope,
                         "gen": args.gen,
                         "layers": cfg.num_hidden_layers,
                         "batch": batch,
@@ -207,7 +220,7 @@ def main() -> None:
                 )
                 print(json.dumps(rows[-1]), flush=True)
                 print(  # survives a stage's time limit (the table prints at the end)
-                    f"row {mode} kv={kv} batch={batch} graphs={graphs} attn={attn}: "
+                    f"row {mode} kv={kv} batch={batch} graphs={graphs} attn={attn} rope={rope}: "
                     f"{rate:,.0f} tok/s ({100 * rate / roofline:.0f}% roofline) {error}",
                     flush=True,
                 )
@@ -224,6 +237,7 @@ def main() -> None:
                 and r["batch"] == row["batch"]
                 and r["cuda_graphs"] == row["cuda_graphs"]
                 and r["decode_attn"] == row["decode_attn"]
+                and r["rope_kv"] == row["rope_kv"]
             ),
             None,
         )
@@ -236,11 +250,11 @@ def main() -> None:
         f", decode GEMM {args.decode_gemm}\n\n"
         f"{time.strftime('%Y-%m-%d')} · {torch.cuda.get_device_name() if args.device.startswith('cuda') else platform.processor()}"
         f" · torch {torch.__version__}\n\n"
-        "| mode | KV | batch | CUDA graphs | decode attn | prefill tok/s | decode tok/s | vs BF16 | roofline tok/s | % roofline |\n"
-        "|---|---|---|---|---|---|---|---|---|---|\n"
+        "| mode | KV | batch | CUDA graphs | decode attn | RoPE+KV fused | prefill tok/s | decode tok/s | vs BF16 | roofline tok/s | % roofline |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = [
-        f"| {r['mode']} | {r['kv']} | {r['batch']} | {r['cuda_graphs']} | {r['decode_attn']} | {r['prefill_tok_s']:,.0f} | {r['decode_tok_s']:,.0f} | "
+        f"| {r['mode']} | {r['kv']} | {r['batch']} | {r['cuda_graphs']} | {r['decode_attn']} | {r['rope_kv']} | {r['prefill_tok_s']:,.0f} | {r['decode_tok_s']:,.0f} | "
         f"{r['speedup_vs_bf16']:.2f}× | {r['roofline_tok_s']:,.0f} | {r['roofline_pct']:.0f}% |"
         for r in rows
     ]

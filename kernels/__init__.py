@@ -3,7 +3,8 @@
 Importable without Triton or CUDA (CPU CI): the Triton kernels live in ``quant_triton``,
 ``gemm_triton``, ``gemm_decode_triton`` (decode-size GEMM), ``fused_triton`` (norm/SwiGLU +
 quant, public wrappers in ``fused``) and ``decode_attention_triton`` (split-KV attention over the
-KV cache, public wrapper in ``decode_attention``) and are imported only when a CUDA tensor
+KV cache, public wrapper in ``decode_attention``) and ``rope_kv_triton`` (RoPE + KV-cache write of
+an inference step, public wrapper in ``rope_kv``) and are imported only when a CUDA tensor
 reaches a public wrapper.
 """
 

@@ -49,3 +49,10 @@ def test_fused_norm_and_swiglu_quant_equal_the_unfused_ops(lines):
     assert norm["residual_same"] == "True"
     assert float(norm["scale_err"]) < 1e-5 and float(silu["scale_err"]) < 1e-5
     assert float(norm["codes_diff"]) < 1e-3 and float(silu["codes_diff"]) < 1e-3
+
+
+def test_rope_kv_write_equals_the_torch_rope_and_cache_scatter(lines):
+    rope = _fields(next(line for line in lines if line.startswith("rope")))
+    assert rope["same"] == "True" and rope["cache_same"] == "True", rope
+    assert rope["fp8_untouched"] == "True", rope
+    assert float(rope["fp8_equal"]) > 0.8, rope

@@ -6,7 +6,9 @@ trainer calls ``forward`` over whole (right-padded) sequences; the rollout engin
 ``forward`` for prefill and for each decode step with a ``KVCache``. Every linear layer is chosen
 per precision mode by ``make_linear`` (FP8 with the shared quantizers, or dense BF16), and every
 other op comes from ``fp8rl.kernels.invariant`` with the batch-invariant path when
-``precision.exact`` is on.
+``precision.exact`` is on. With a KV cache, RoPE and the cache write run as one kernel on CUDA
+(``kernels.rope_kv``, bitwise the torch ops the trainer runs), and the attention mask is built
+once per forward, not once per layer.
 
 Parameter names follow Hugging Face Llama/Qwen checkpoints (``model.layers.0.self_attn.q_proj``),
 so safetensors load without a mapping table.
@@ -38,11 +40,11 @@ from fp8rl.kernels.invariant import (
 from fp8rl.kernels.kv import (
     check_kv_scale,
     kv_dequantize,
-    kv_quantize,
     kv_round_trip,
     kv_scale_from_amax,
 )
 from fp8rl.kernels.quant import QuantizedTensor
+from fp8rl.kernels.rope_kv import rope_kv_write
 from fp8rl.workers.model.config import DecoderConfig
 from fp8rl.workers.model.fusion import fuse_quantized_linears, still_fused
 from fp8rl.workers.model.linear import LayerPrecision, make_linear
@@ -143,12 +145,13 @@ class Attention(nn.Module):
         positions: Tensor,
         k_len: Tensor,
         cache: tuple[Tensor, Tensor] | None,
+        mask: Tensor | None = None,
     ) -> Tensor:
         b, length, _ = x.shape
         q = self.q_proj(x).view(b, length, self.heads, self.head_dim)
         k = self.k_proj(x).view(b, length, self.kv_heads, self.head_dim)
         v = self.v_proj(x).view(b, length, self.kv_heads, self.head_dim)
-        return self._attend(q, k, v, cos, sin, positions, k_len, cache)
+        return self._attend(q, k, v, cos, sin, positions, k_len, cache, mask)
 
     def forward_quantized(
         self,
@@ -159,6 +162,7 @@ class Attention(nn.Module):
         positions: Tensor,
         k_len: Tensor,
         cache: tuple[Tensor, Tensor] | None,
+        mask: Tensor | None = None,
     ) -> Tensor:
         """``forward`` from the 1×128 codes of the normed input, through the fused q/k/v GEMM."""
         b, length, _ = xq.shape
@@ -169,40 +173,60 @@ class Attention(nn.Module):
         q = qkv[..., :nq].view(b, length, self.heads, self.head_dim)
         k = qkv[..., nq : nq + nk].view(b, length, self.kv_heads, self.head_dim)
         v = qkv[..., nq + nk :].view(b, length, self.kv_heads, self.head_dim)
-        return self._attend(q, k, v, cos, sin, positions, k_len, cache)
+        return self._attend(q, k, v, cos, sin, positions, k_len, cache, mask)
 
-    def _attend(self, q, k, v, cos, sin, positions, k_len, cache) -> Tensor:
-        """RoPE, KV cache, attention and o_proj. q/k/v: [B, L, heads, D] → [B, L, hidden]."""
-        b, length = q.shape[:2]
+    def _attend(self, q, k, v, cos, sin, positions, k_len, cache, mask=None) -> Tensor:
+        """RoPE, KV cache, attention and o_proj. q/k/v: [B, L, heads, D] → [B, L, hidden].
+        ``mask``: ``attention_mask(positions, k_len, keys)`` when the caller built it once for
+        every layer (built here otherwise)."""
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        if cache is not None:
+            q = self._rope_and_store(q, k, v, cos, sin, positions, cache)
+            return self._attend_cache(q, cache, positions, k_len, mask)
         q = apply_rope(q.transpose(1, 2), cos, sin)
         k = apply_rope(k.transpose(1, 2), cos, sin)
         v = v.transpose(1, 2)
-        if self.kv_fp8 and cache is None:  # the cache's round trip, gradients straight through
+        if self.kv_fp8:  # the cache's round trip, gradients straight through
             self._check_and_observe(k, v)
             k = kv_round_trip(k, self.k_scale, q.dtype)
             v = kv_round_trip(v, self.v_scale, q.dtype)
-        elif cache is not None:
-            if self.kv_fp8:
+        return self._attention(q, k, v, positions, k_len, mask)
+
+    def _rope_and_store(self, q, k, v, cos, sin, positions, cache) -> Tensor:
+        """Rotated queries [B, H, L, D]; rotated keys and the values stored (FP8-coded with an
+        FP8 cache) at their positions: one fused kernel on CUDA (``kernels.rope_kv``)."""
+        scales = (None, None)
+        if self.kv_fp8:
+            if self.observe_kv:  # calibration records the rotated keys' amax
+                self._check_and_observe(apply_rope(k.transpose(1, 2), cos, sin), v)
+            else:
                 self._check_and_observe(k, v)
-                k, v = kv_quantize(k, self.k_scale), kv_quantize(v, self.v_scale)
-            k_cache, v_cache = cache
-            index = positions[:, None, :, None].expand(-1, self.kv_heads, -1, self.head_dim)
-            _scatter(k_cache, index, k)
-            _scatter(v_cache, index, v)
-            if use_decode_attention(q, self.kv_heads, exact=self.exact):  # split-KV, cache in place
-                scales = (self.k_scale, self.v_scale) if self.kv_fp8 else (None, None)
-                out = decode_attention(
-                    q, k_cache, v_cache, positions, k_len, scale=self.head_dim**-0.5,
-                    k_scale=scales[0], v_scale=scales[1],
-                )  # fmt: skip
-                return self.o_proj(out.transpose(1, 2).reshape(b, length, -1))
-            k, v = k_cache, v_cache
-            if self.kv_fp8:
-                k = kv_dequantize(k, self.k_scale, q.dtype)
-                v = kv_dequantize(v, self.v_scale, q.dtype)
-        mask = attention_mask(positions, k_len, k.shape[2])
+            scales = (self.k_scale, self.v_scale)
+        return rope_kv_write(q, k, v, cos, sin, positions, *cache, *scales)
+
+    def _attend_cache(self, q, cache, positions, k_len, mask) -> Tensor:
+        """Attention of rotated queries [B, H, L, D] over the cache, then o_proj."""
+        k_cache, v_cache = cache
+        b, _, length, _ = q.shape
+        if use_decode_attention(q, self.kv_heads, exact=self.exact):  # split-KV, cache in place
+            scales = (self.k_scale, self.v_scale) if self.kv_fp8 else (None, None)
+            out = decode_attention(
+                q, k_cache, v_cache, positions, k_len, scale=self.head_dim**-0.5,
+                k_scale=scales[0], v_scale=scales[1],
+            )  # fmt: skip
+            return self.o_proj(out.transpose(1, 2).reshape(b, length, -1))
+        k, v = k_cache, v_cache
+        if self.kv_fp8:
+            k = kv_dequantize(k, self.k_scale, q.dtype)
+            v = kv_dequantize(v, self.v_scale, q.dtype)
+        return self._attention(q, k, v, positions, k_len, mask)
+
+    def _attention(self, q, k, v, positions, k_len, mask) -> Tensor:
+        """Masked attention of q [B, H, L, D] over k/v [B, Hkv, Lk, D], then o_proj."""
+        b, _, length, _ = q.shape
+        if mask is None:
+            mask = attention_mask(positions, k_len, k.shape[2])
         out = recomputed(attention, q, k, v, mask, scale=self.head_dim**-0.5, exact=self.exact)
         return self.o_proj(out.transpose(1, 2).reshape(b, length, self.heads * self.head_dim))
 
@@ -236,13 +260,6 @@ def _rows(cache: Tensor, index: Tensor) -> Tensor:
     if cache.dtype == torch.float8_e4m3fn:  # no FP8 index_select on CPU: move bytes
         return cache.view(torch.uint8).index_select(0, index).view(cache.dtype)
     return cache.index_select(0, index)
-
-
-def _scatter(cache: Tensor, index: Tensor, values: Tensor) -> None:
-    """cache[b, h, index[b, h, i], d] = values (FP8 caches through a byte view: CPU has no FP8 scatter)."""
-    if cache.dtype == torch.float8_e4m3fn:
-        cache, values = cache.view(torch.uint8), values.view(torch.uint8)
-    cache.scatter_(2, index, values)
 
 
 class MLP(nn.Module):
@@ -301,8 +318,9 @@ class Block(nn.Module):
         positions: Tensor,
         k_len: Tensor,
         cache: tuple[Tensor, Tensor] | None = None,
+        mask: Tensor | None = None,
     ) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, k_len, cache)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, k_len, cache, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
     def fused_ready(self) -> bool:
@@ -327,6 +345,7 @@ class Block(nn.Module):
         positions: Tensor,
         k_len: Tensor,
         cache: tuple[Tensor, Tensor] | None = None,
+        mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """The fast inference block on ``x + delta`` (delta: the previous block's MLP output,
         added inside the fused norm). Returns ``(residual, mlp_out)``: the block's output is
@@ -337,7 +356,7 @@ class Block(nn.Module):
         x, xq = add_rms_norm_quant(
             x, delta, norm1.weight, norm1.eps, scale_format=fmt, check_finite=check
         )
-        attn_out = attn.forward_quantized(xq, x.dtype, cos, sin, positions, k_len, cache)
+        attn_out = attn.forward_quantized(xq, x.dtype, cos, sin, positions, k_len, cache, mask)
         x, hq = add_rms_norm_quant(
             x, attn_out, norm2.weight, norm2.eps, scale_format=fmt, check_finite=check
         )
@@ -416,19 +435,22 @@ class Decoder(nn.Module):
         else:
             x = tied_embedding(input_ids, weight, tied_head).to(self.compute_dtype)
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
-        limit = None if cache is None else (kv_limit or cache.capacity)
+        limit = None if cache is None else min(kv_limit or cache.capacity, cache.capacity)
+        mask = attention_mask(positions, k_len, input_ids.shape[1] if limit is None else limit)
         pending = None  # the last fused block's MLP output, not yet added to x
         for i, layer in enumerate(self.model.layers):
             kv = None if cache is None else (cache.k[i][:, :, :limit], cache.v[i][:, :, :limit])
             if layer.fused_ready():
-                x, pending = layer.forward_fused(x, pending, cos, sin, positions, k_len, kv)
+                x, pending = layer.forward_fused(x, pending, cos, sin, positions, k_len, kv, mask)
                 continue
             if pending is not None:
                 x, pending = x + pending, None
             if self.gradient_checkpointing and self.training and cache is None:
-                x = checkpoint(layer, x, cos, sin, positions, k_len, use_reentrant=False)
+                x = checkpoint(
+                    layer, x, cos, sin, positions, k_len, None, mask, use_reentrant=False
+                )
             else:
-                x = layer(x, cos, sin, positions, k_len, kv)
+                x = layer(x, cos, sin, positions, k_len, kv, mask)
         if pending is not None:
             x = x + pending
         return self.model.norm(x)
