@@ -6,6 +6,8 @@ bound by Python and launch time, not by the GPU).
 Each component runs ``--calls`` times back to back; "cpu µs" is the host time per call before
 the final synchronize (the launch queue never fills at these counts), "wall µs" includes it.
 When cpu ≥ device time the call is host-bound. Prints one table; ``--out`` also writes it.
+``--host-profile`` adds a cProfile table of ``FP8Linear`` forward + backward (own host µs per
+call by function: what to trim when a small micro-batch step is host-bound).
 """
 
 from __future__ import annotations
@@ -77,6 +79,44 @@ def components(n: int, k: int, m: int) -> dict:
     }
 
 
+def host_profile(n: int, k: int, m: int, calls: int, count: int = 20) -> str:
+    """cProfile of ``calls`` eager ``FP8Linear`` forward + backward calls (the trainer's path,
+    inside ``deferred_finite_checks``): the functions with the most own host time per call."""
+    import cProfile
+    import pstats
+
+    from fp8rl.kernels import FP8Linear
+
+    layer = FP8Linear(k, n, bias=False, device="cuda", dtype=torch.float32)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def once():
+        with deferred_finite_checks():
+            layer(x).sum().backward()
+
+    once()
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        once()
+    torch.cuda.synchronize()
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats
+    rows = sorted(
+        ((own, cum, n_calls, f"{Path(f).name}:{line} {name}")
+         for (f, line, name), (_, n_calls, own, cum, _) in stats.items()),
+        reverse=True,
+    )[:count]  # fmt: skip
+    lines = [f"| own µs/call | cum µs/call | calls/call | function (FP8Linear fwd+bwd, M = {m}, N×K = {n}×{k}) |",
+             "|---|---|---|---|"]  # fmt: skip
+    lines += [
+        f"| {own / calls * 1e6:.1f} | {cum / calls * 1e6:.1f} | {c / calls:.0f} | {name} |"
+        for own, cum, c, name in rows
+    ]
+    return "\n".join(lines)
+
+
 def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -86,6 +126,9 @@ def main() -> None:
     parser.add_argument("--m", type=int, default=4096)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--host-profile", action="store_true", help="also cProfile FP8Linear fwd+bwd (qwen_qkv)"
+    )
     args = parser.parse_args()
     table = {name: components(n, k, args.m) for name, (n, k) in SHAPES.items()}
     rows = []
@@ -101,6 +144,8 @@ def main() -> None:
         rows.append(f"| {comp} | " + " | ".join(cells) + " |")
     head = f"| component (host µs / wall µs per call, M = {args.m}) | " + " | ".join(table) + " |"
     text = "\n".join([head, "|---" * (len(table) + 1) + "|", *rows])
+    if args.host_profile:
+        text += "\n\n" + host_profile(*SHAPES["qwen_qkv"], args.m, args.calls)
     print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

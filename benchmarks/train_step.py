@@ -6,7 +6,12 @@ One step = forward over ``tokens`` (sequences of ``--seq``), the mean token log-
 (lm_head + log-softmax, the trainer's scoring composition), backward and a fused AdamW step on
 float32 master weights. Random weights and ids (speed only). Reports the median step time of
 ``--steps`` timed steps after one warm-up, the peak memory, and with ``--profile`` the top
-device kernels of one step.
+device kernels of one step (with their total) and the Python functions with the most own host
+time (cProfile): a step whose wall time is well above its kernel time is host-bound. The
+profiles run after the timing; a later row of the same process runs slower after them.
+
+``--grouped on off``: FP8 rows with q/k/v and gate/up as one GEMM per pass
+(``kernels.linear_group``, the default) and per module (the path before it).
 
 ``--checks``: the quantizers' NaN/inf check in FP8 rows: ``deferred`` (what the trainers run:
 one host sync after the backward), ``sync`` (one host sync per quantization, the trainer before
@@ -25,6 +30,7 @@ from pathlib import Path
 import torch
 
 from fp8rl.kernels import deferred_finite_checks
+from fp8rl.kernels.linear_group import set_grouped
 from fp8rl.protocol import QuantConfig
 from fp8rl.workers.model.build import build_decoder
 from fp8rl.workers.model.config import PRESETS
@@ -64,7 +70,7 @@ def top_kernels(model, optimizer, ids, checks: str, count: int = 15) -> list[dic
         torch.cuda.synchronize()
     events = sorted(prof.key_averages(), key=lambda e: e.device_time_total, reverse=True)
     total = sum(e.device_time_total for e in events) or 1.0
-    return [
+    return [{"kernel": "(all kernels)", "ms": total / 1e3, "share": 1.0}] + [
         {
             "kernel": e.key[:90],
             "ms": e.device_time_total / 1e3,
@@ -72,6 +78,25 @@ def top_kernels(model, optimizer, ids, checks: str, count: int = 15) -> list[dic
         }
         for e in events[:count]
     ]
+
+
+def top_host_functions(model, optimizer, ids, checks: str, count: int = 25) -> list[dict]:
+    """cProfile of one step: the Python functions with the most own (host) time."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    step(model, optimizer, ids, checks)
+    torch.cuda.synchronize()
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats
+    rows = [
+        {"function": f"{Path(f).name}:{line} {name}", "calls": calls, "own_ms": own * 1e3,
+         "cum_ms": cum * 1e3}
+        for (f, line, name), (_, calls, own, cum, _) in stats.items()
+    ]  # fmt: skip
+    return sorted(rows, key=lambda r: r["own_ms"], reverse=True)[:count]
 
 
 def measure(
@@ -97,6 +122,7 @@ def measure(
         row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
         if profile:
             row["top_kernels"] = top_kernels(model, optimizer, ids, checks)
+            row["top_host"] = top_host_functions(model, optimizer, ids, checks)
     except torch.OutOfMemoryError as err:
         row["step_s"], row["peak_gib"], row["error"] = float("nan"), float("nan"), str(err)[:120]
     del model, optimizer
@@ -116,37 +142,59 @@ def main() -> None:
         "--checks", nargs="+", default=["deferred"], choices=["deferred", "sync", "off"]
     )
     parser.add_argument("--profile", action="store_true", help="top kernels at the first size")
+    parser.add_argument(
+        "--grouped",
+        nargs="+",
+        default=["on"],
+        choices=["on", "off"],
+        help="FP8 rows with q/k/v and gate/up as one GEMM (on, the default) and/or per module",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     cfg = dataclasses.replace(PRESETS[args.preset], num_hidden_layers=args.layers)
     fp8 = [("unified_fp8", False)] if "unified_fp8" in args.modes else []
     fp8 += [("unified_fp8", True)] if args.exact else []
-    runs = [(m, False, "off") for m in args.modes if m != "unified_fp8"]  # no quantizer, no check
-    runs += [(m, exact, checks) for m, exact in fp8 for checks in args.checks]
+    runs = [(m, False, "off", "on") for m in args.modes if m != "unified_fp8"]  # no quantizer
+    runs += [
+        (m, exact, checks, grouped)
+        for m, exact in fp8
+        for checks in args.checks
+        for grouped in args.grouped
+    ]
     rows = []
     for i, tokens in enumerate(args.tokens):
-        for mode, exact, checks in runs:
+        for mode, exact, checks, grouped in runs:
             prof = args.profile and i == 0
+            set_grouped(grouped == "on")
             rows.append(measure(cfg, mode, tokens, args.seq, args.steps, exact, checks, prof))
-            print(json.dumps({k: v for k, v in rows[-1].items() if k != "top_kernels"}), flush=True)
+            rows[-1]["grouped"] = grouped
+            print(
+                json.dumps({k: v for k, v in rows[-1].items() if not k.startswith("top_")}),
+                flush=True,
+            )
     lines = [
         f"# Train step — {args.preset}, {args.layers} layers, seq {args.seq}",
         f"{time.strftime('%Y-%m-%d')} · {torch.cuda.get_device_name()} · torch {torch.__version__}",
         "",
-        "| mode | exact | NaN checks | tokens | step s | vs BF16 | peak GiB |",
-        "|---|---|---|---|---|---|---|",
+        "| mode | exact | NaN checks | q/k/v, gate/up grouped | tokens | step s | vs BF16 | peak GiB |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         base = [x for x in rows if x["mode"] == "bf16" and x["tokens"] == r["tokens"]]
         ratio = f"{base[0]['step_s'] / r['step_s']:.2f}×" if base else "—"  # no BF16 row run
         lines.append(
-            f"| {r['mode']} | {r['exact']} | {r['checks']} | {r['tokens']} | {r['step_s']:.3f} | "
+            f"| {r['mode']} | {r['exact']} | {r['checks']} | {r['grouped']} | {r['tokens']} | {r['step_s']:.3f} | "
             f"{ratio} | {r['peak_gib']:.1f} |"
         )
     for r in rows:
         for k in r.get("top_kernels", []):
             lines.append(
-                f"- {r['mode']} exact={r['exact']} checks={r['checks']}: {k['ms']:.1f} ms ({k['share']:.0%}) {k['kernel']}"
+                f"- {r['mode']} exact={r['exact']} checks={r['checks']} grouped={r['grouped']}: {k['ms']:.1f} ms ({k['share']:.0%}) {k['kernel']}"
+            )
+    for r in rows:
+        for f in r.get("top_host", []):
+            lines.append(
+                f"- host {r['mode']} checks={r['checks']} grouped={r['grouped']}: own {f['own_ms']:.1f} ms, cum {f['cum_ms']:.1f} ms, {f['calls']} calls: {f['function']}"
             )
     table = "\n".join(lines) + "\n"
     print(table)

@@ -12,6 +12,7 @@ from fp8rl.kernels.backend import kernel_backend
 from fp8rl.kernels.finite import deferred_finite_checks
 from fp8rl.kernels.gemm import fp8_gemm, fp8_gemm_reference, scaled_mm_scales
 from fp8rl.kernels.linear import FP8Linear, FP8LinearFunction, fp8_linear
+from fp8rl.kernels.linear_group import grouped_fp8_linear
 from fp8rl.kernels.quant import (
     FP8_DTYPE,
     FP8_E4M3_MAX,
@@ -44,6 +45,7 @@ __all__ = [
     "fp8_gemm",
     "fp8_gemm_reference",
     "fp8_linear",
+    "grouped_fp8_linear",
     "kernel_backend",
     "per_block_quant",
     "per_block_quant_reference",

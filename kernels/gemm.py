@@ -167,14 +167,27 @@ def scaled_mm_scales(q: QuantizedTensor) -> Tensor:
     return layout.t()
 
 
+def k_major(codes: Tensor) -> Tensor:
+    """``codes`` as a row-major (K-contiguous) tensor. A transposed view of a row-major 2-D
+    tensor (DGrad's ``Wᵀ``) is copied by the tiled Triton transpose on CUDA
+    (``transpose_triton``), anything else by ``contiguous()``; same bits either way."""
+    if codes.is_contiguous():
+        return codes
+    if codes.is_cuda and codes.dim() == 2 and codes.t().is_contiguous() and triton_available():
+        from fp8rl.kernels.transpose_triton import transpose_codes
+
+        return transpose_codes(codes.t())
+    return codes.contiguous()
+
+
 def _recipe(block: tuple[int, int]):
     scaling = torch.nn.functional.ScalingType
     return scaling.BlockWise1x128 if block == (1, GROUP) else scaling.BlockWise128x128
 
 
 def _scaled_mm(a: QuantizedTensor, b: QuantizedTensor, out_dtype: torch.dtype) -> Tensor:
-    mat_a = a.codes.contiguous()
-    mat_b = b.codes.contiguous().t()  # [K, N] column-major
+    mat_a = k_major(a.codes)
+    mat_b = k_major(b.codes).t()  # [K, N] column-major
     return torch.nn.functional.scaled_mm(
         mat_a,
         mat_b,
@@ -191,8 +204,8 @@ def _deepgemm(a: QuantizedTensor, b: QuantizedTensor, out_dtype: torch.dtype) ->
 
     out = torch.empty(a.shape[0], b.shape[0], dtype=out_dtype, device=a.codes.device)
     deep_gemm.fp8_gemm_nt(
-        (a.codes.contiguous(), a.scale.contiguous()),
-        (b.codes.contiguous(), b.scale.contiguous()),
+        (k_major(a.codes), a.scale.contiguous()),
+        (k_major(b.codes), b.scale.contiguous()),
         out,
     )
     return out

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from fp8rl.kernels.gemm import k_major
 from fp8rl.kernels.quant import GROUP, QuantizedTensor
 
 
@@ -121,8 +122,8 @@ def fp8_gemm_triton(
     ``config`` overrides the tile choice (benchmarks only); ``exact`` pins ``EXACT_CONFIG``.
     """
     assert a.codes.dim() == 2 and b.codes.dim() == 2 and a.block[1] == b.block[1] == GROUP
-    codes_a = a.codes if a.codes.stride(-1) == 1 else a.codes.contiguous()
-    codes_b = b.codes if b.codes.stride(-1) == 1 else b.codes.contiguous()
+    codes_a = a.codes if a.codes.stride(-1) == 1 else k_major(a.codes)
+    codes_b = b.codes if b.codes.stride(-1) == 1 else k_major(b.codes)
     m, k = codes_a.shape
     n = codes_b.shape[0]
     out = torch.empty(m, n, dtype=out_dtype, device=codes_a.device)

@@ -169,43 +169,54 @@ class FP8LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, w_codes, w_scale, exact, scale_format, check_finite):
         wq = QuantizedTensor(w_codes, w_scale, (GROUP, GROUP))
-        y, xq = _fprop(
-            x, wq, bias, exact=exact, scale_format=scale_format, check_finite=check_finite
-        )
-        ctx.save_for_backward(xq.codes, xq.scale, w_codes, w_scale)
-        ctx.exact, ctx.scale_format, ctx.check_finite = exact, scale_format, check_finite
-        ctx.x_shape, ctx.x_dtype, ctx.w_dtype = x.shape, x.dtype, weight.dtype
-        ctx.bias_dtype = None if bias is None else bias.dtype
-        return y
+        return _save_fprop(ctx, x, weight.dtype, bias, wq, exact, scale_format, check_finite)
 
     @staticmethod
     def backward(ctx, grad_y):
-        x_codes, x_scale, w_codes, w_scale = ctx.saved_tensors
-        exact, scale_format = ctx.exact, ctx.scale_format
-        grad_2d = grad_y.reshape(-1, grad_y.shape[-1])
-        grad_x = grad_w = grad_b = None
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        if need_x or need_w:  # ∇Y read once: 1×128 rows (DGrad) and 128×1 columns (WGrad)
-            g_rows, g_cols = per_token_and_column_group_quant(
-                grad_2d,
-                scale_format=scale_format,
-                name="grad_output",
-                check_finite=ctx.check_finite,
-            )
-        if need_x:  # DGrad: ∇Y (1×128 along N) · the same W blocks transposed
-            wq = QuantizedTensor(w_codes, w_scale, (GROUP, GROUP))
-            grad_x = _backward_gemm(g_rows, wq.t(), out_dtype=ctx.x_dtype, exact=exact)
-            grad_x = grad_x.reshape(ctx.x_shape)
-        if need_w:  # WGrad: ∇Yᵀ (1×128 along tokens) · X (128×1 re-quantized from FP8 X)
-            xq = QuantizedTensor(x_codes, x_scale, (1, GROUP))
-            x_cols = requant_to_column_groups(xq, scale_format=scale_format, name="saved input")
-            direct = ctx.w_dtype in (torch.float32, torch.bfloat16)  # fp32 accumulate, one rounding
-            out_dtype = ctx.w_dtype if direct else torch.float32
-            grad_w = _backward_gemm(g_cols.t(), x_cols.t(), out_dtype=out_dtype, exact=exact)
-            grad_w = grad_w.to(ctx.w_dtype)
+        grad_x, grad_w, grad_2d = _fp8_backward(ctx, grad_y, need_x, need_w)
+        grad_b = None
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             grad_b = grad_2d.to(torch.float32).sum(dim=0).to(ctx.bias_dtype)
         return grad_x, grad_w, grad_b, None, None, None, None, None
+
+
+def _fp8_backward(
+    ctx, grad_y: Tensor, need_x: bool, need_w: bool
+) -> tuple[Tensor | None, Tensor | None, Tensor]:
+    """DGrad and WGrad of an FP8 FProp saved by ``_save_fprop``: ``(∇X or None, ∇W or None,
+    ∇Y as 2-D)``. ∇Y is quantized once into 1×128 rows (DGrad, along N) and 128×1 columns
+    (WGrad, along tokens); the saved FP8 X is re-quantized into 128×1 groups (Jet-RL step 4)."""
+    x_codes, x_scale, w_codes, w_scale = ctx.saved_tensors
+    exact, scale_format = ctx.exact, ctx.scale_format
+    grad_2d = grad_y.reshape(-1, grad_y.shape[-1])
+    grad_x = grad_w = None
+    if need_x or need_w:  # ∇Y read once: 1×128 rows (DGrad) and 128×1 columns (WGrad)
+        g_rows, g_cols = per_token_and_column_group_quant(
+            grad_2d, scale_format=scale_format, name="grad_output", check_finite=ctx.check_finite
+        )
+    if need_x:  # DGrad: ∇Y (1×128 along N) · the same W blocks transposed
+        wq = QuantizedTensor(w_codes, w_scale, (GROUP, GROUP))
+        grad_x = _backward_gemm(g_rows, wq.t(), out_dtype=ctx.x_dtype, exact=exact)
+        grad_x = grad_x.reshape(ctx.x_shape)
+    if need_w:  # WGrad: ∇Yᵀ (1×128 along tokens) · X (128×1 re-quantized from FP8 X)
+        xq = QuantizedTensor(x_codes, x_scale, (1, GROUP))
+        x_cols = requant_to_column_groups(xq, scale_format=scale_format, name="saved input")
+        direct = ctx.w_dtype in (torch.float32, torch.bfloat16)  # fp32 accumulate, one rounding
+        out_dtype = ctx.w_dtype if direct else torch.float32
+        grad_w = _backward_gemm(g_cols.t(), x_cols.t(), out_dtype=out_dtype, exact=exact)
+        grad_w = grad_w.to(ctx.w_dtype)
+    return grad_x, grad_w, grad_2d
+
+
+def _save_fprop(ctx, x, w_dtype, bias, wq, exact, scale_format, check_finite) -> Tensor:
+    """``_fprop`` with what ``_fp8_backward`` needs saved on ``ctx`` (X in FP8, never BF16)."""
+    y, xq = _fprop(x, wq, bias, exact=exact, scale_format=scale_format, check_finite=check_finite)
+    ctx.save_for_backward(xq.codes, xq.scale, wq.codes, wq.scale)
+    ctx.exact, ctx.scale_format, ctx.check_finite = exact, scale_format, check_finite
+    ctx.x_shape, ctx.x_dtype, ctx.w_dtype = x.shape, x.dtype, w_dtype
+    ctx.bias_dtype = None if bias is None else bias.dtype
+    return y
 
 
 class FP8Linear(nn.Module):

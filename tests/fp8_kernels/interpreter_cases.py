@@ -20,6 +20,7 @@ from fp8rl.kernels import gemm_decode_triton as dec
 from fp8rl.kernels.invariant import rope_table
 from fp8rl.kernels.rope_kv import rope_kv_write_reference
 from fp8rl.kernels.rope_kv_triton import rope_kv_write_triton
+from fp8rl.kernels.transpose_triton import transpose_codes
 
 
 def decode_gemm_cases() -> None:
@@ -95,7 +96,18 @@ def rope_kv_cases() -> None:
     )
 
 
+def transpose_cases() -> None:
+    """FP8 codes (as raw bytes) transposed by the tiled kernel: ragged edges, bitwise."""
+    torch.manual_seed(3)
+    for rows, cols in [(64, 64), (130, 70), (1, 200), (257, 3)]:
+        src = torch.randint(0, 256, (rows, cols), dtype=torch.uint8).view(torch.float8_e4m3fn)
+        out = transpose_codes(src)
+        same = torch.equal(out.view(torch.uint8), src.view(torch.uint8).t().contiguous())
+        print(f"transpose rows={rows} cols={cols} same={same} shape={tuple(out.shape)}")
+
+
 if __name__ == "__main__":
+    transpose_cases()
     decode_gemm_cases()
     fused_cases()
     rope_kv_cases()

@@ -56,3 +56,10 @@ def test_rope_kv_write_equals_the_torch_rope_and_cache_scatter(lines):
     assert rope["same"] == "True" and rope["cache_same"] == "True", rope
     assert rope["fp8_untouched"] == "True", rope
     assert float(rope["fp8_equal"]) > 0.8, rope
+
+
+def test_fp8_transpose_is_a_bitwise_copy_with_ragged_edges(lines):
+    cases = [_fields(line) for line in lines if line.startswith("transpose")]
+    assert len(cases) == 4
+    for case in cases:
+        assert case["same"] == "True", case

@@ -43,6 +43,7 @@ from fp8rl.kernels.kv import (
     kv_round_trip,
     kv_scale_from_amax,
 )
+from fp8rl.kernels.linear_group import grouped_fp8_linear
 from fp8rl.kernels.quant import QuantizedTensor
 from fp8rl.kernels.rope_kv import rope_kv_write
 from fp8rl.workers.model.config import DecoderConfig
@@ -148,9 +149,10 @@ class Attention(nn.Module):
         mask: Tensor | None = None,
     ) -> Tensor:
         b, length, _ = x.shape
-        q = self.q_proj(x).view(b, length, self.heads, self.head_dim)
-        k = self.k_proj(x).view(b, length, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, length, self.kv_heads, self.head_dim)
+        q, k, v = grouped_fp8_linear(x, self.projections())  # one FP8 GEMM where groupable
+        q = q.view(b, length, self.heads, self.head_dim)
+        k = k.view(b, length, self.kv_heads, self.head_dim)
+        v = v.view(b, length, self.kv_heads, self.head_dim)
         return self._attend(q, k, v, cos, sin, positions, k_len, cache, mask)
 
     def forward_quantized(
@@ -276,7 +278,8 @@ class MLP(nn.Module):
         self.fused_gate_up = None  # set by fuse(): gate/up codes as one [2I, K] FP8 weight
 
     def forward(self, x: Tensor) -> Tensor:
-        act = recomputed(silu_mul, self.gate_proj(x), self.up_proj(x), exact=self.exact)
+        gate, up = grouped_fp8_linear(x, [self.gate_proj, self.up_proj])
+        act = recomputed(silu_mul, gate, up, exact=self.exact)
         return self.down_proj(act)
 
     def fuse(self) -> None:
