@@ -60,6 +60,9 @@ def step(model, optimizer, ids: torch.Tensor, checks: str = "off") -> None:
         (-logp.mean()).backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    for module in model.modules():  # fused AdamW does not bump the weights' version counters:
+        if hasattr(module, "invalidate_quantized"):  # re-quantize next step, as the trainer does
+            module.invalidate_quantized()
 
 
 def top_kernels(model, optimizer, ids, checks: str, count: int = 15) -> list[dict]:

@@ -169,7 +169,8 @@ class FP8LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, w_codes, w_scale, exact, scale_format, check_finite):
         wq = QuantizedTensor(w_codes, w_scale, (GROUP, GROUP))
-        return _save_fprop(ctx, x, weight.dtype, bias, wq, exact, scale_format, check_finite)
+        w_dtype = None if weight is None else weight.dtype  # None: a from_quantized module
+        return _save_fprop(ctx, x, w_dtype, bias, wq, exact, scale_format, check_finite)
 
     @staticmethod
     def backward(ctx, grad_y):

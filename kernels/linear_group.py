@@ -14,13 +14,15 @@ Design notes
   FProp is now the very GEMM the engine runs: same operands, same kernel choice for the shape.
 * **No extra weight memory.** The 128×128 quantization of ``cat(W_i)`` equals the
   concatenation of the per-module quantizations bitwise when every N is a multiple of 128 (the
-  blocks do not straddle modules). The group quantizes the concatenated master weights once per
-  weight version into one buffer and makes each module's cached ``quantized_weight()`` a row
-  view of it, so what a weight update ships is unchanged and nothing is stored twice.
-* **When.** Fast mode, grad enabled or not, every module a trainable ``FP8Linear`` with the same
-  K, dtype, device, scale format and checks, N a multiple of 128, biases all present or all
-  absent. Otherwise (exact mode, dense layers, ragged N) each module runs on its own, as before:
-  exact mode keeps per-module calls on both sides, so its parity contract is untouched.
+  blocks do not straddle modules). The group quantizes each master weight straight into its
+  rows of one ``[ΣN, K]`` buffer once per weight version and makes each module's cached
+  ``quantized_weight()`` that row view, so what a weight update ships is unchanged and nothing
+  is stored twice. A sub-list of a group (a prefix, another order) gets its own buffer.
+* **When.** Fast mode, grad enabled or not, every module a trainable ``FP8Linear`` (not a
+  subclass that overrides ``forward``, no forward hooks on it) with the same K, dtype, device,
+  scale format and checks, N a multiple of 128, biases all present or all absent. Otherwise
+  (exact mode, dense layers, ragged N, ...) each module runs on its own, as before: exact mode
+  keeps per-module calls on both sides, so its parity contract is untouched.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from fp8rl.kernels.linear import FP8Linear, _fp8_backward, _save_fprop, fp8_linear
-from fp8rl.kernels.quant import GROUP, QuantizedTensor, per_block_quant
+from fp8rl.kernels.quant import FP8_DTYPE, GROUP, QuantizedTensor, per_block_quant
 
 _ENABLED = [True]
 
@@ -78,6 +80,8 @@ def groupable(layers: Sequence[nn.Module]) -> bool:
     with_bias = first.bias is not None
     return all(
         isinstance(m, FP8Linear)
+        and type(m).forward is FP8Linear.forward  # a subclass or a hook changes what m(x) is
+        and not (m._forward_hooks or m._forward_pre_hooks)
         and m.weight is not None
         and not m.exact
         and m.out_features % GROUP == 0
@@ -91,13 +95,16 @@ def groupable(layers: Sequence[nn.Module]) -> bool:
 
 
 def _views_of(fused: QuantizedTensor, layers: Sequence[FP8Linear]) -> bool:
+    """Whether every layer's valid cached quantization is its row view of ``fused``, and the
+    layers cover all of ``fused`` (a prefix of a larger group does not)."""
+    if fused.codes.shape[0] != sum(m.out_features for m in layers):
+        return False
     row = 0
     for m in layers:
         cached = m._cached
         if cached is None or m._cache_key != m._key():
             return False
-        offset = row * fused.codes.stride(0)
-        if cached.codes.data_ptr() != fused.codes.data_ptr() + offset:
+        if cached.codes.data_ptr() != fused.codes.data_ptr() + row * fused.codes.stride(0):
             return False
         row += m.out_features
     return True
@@ -107,25 +114,34 @@ def group_quantized_weight(layers: Sequence[FP8Linear]) -> QuantizedTensor:
     """The ``[ΣN, K]`` 128×128 quantization of the layers' concatenated master weights.
 
     Reused while every layer's cached ``quantized_weight()`` is still its row view (same weight
-    versions); otherwise re-quantized from ``cat(W_i)`` and the views re-installed. Bitwise the
+    versions); otherwise each weight is quantized straight into its rows of a new buffer (no
+    concatenated copy of the master weights) and the views re-installed. Bitwise the
     concatenation of the per-layer quantizations (N multiples of 128; ``groupable``).
     """
     fused = getattr(layers[0], "_group_weight", None)
     if fused is not None and _views_of(fused, layers):
         return fused
-    with torch.no_grad():
-        weights = torch.cat([m.weight.detach() for m in layers])
-        fused = per_block_quant(
-            weights, scale_format=layers[0].scale_format, name="FP8Linear.weight"
-        )
+    first = layers[0].weight
+    rows, k = sum(m.out_features for m in layers), first.shape[1]
+    fused = QuantizedTensor(
+        torch.empty(rows, k, dtype=FP8_DTYPE, device=first.device),
+        torch.empty(rows // GROUP, -(-k // GROUP), dtype=torch.float32, device=first.device),
+        (GROUP, GROUP),
+    )
     row = 0
-    for m in layers:
-        n = m.out_features
-        m._cached = QuantizedTensor(
-            fused.codes[row : row + n], fused.scale[row // GROUP : (row + n) // GROUP], fused.block
-        )
-        m._cache_key = m._key()
-        row += n
+    with torch.no_grad():
+        for m in layers:
+            n = m.out_features
+            view = QuantizedTensor(
+                fused.codes[row : row + n],
+                fused.scale[row // GROUP : (row + n) // GROUP],
+                fused.block,
+            )
+            per_block_quant(
+                m.weight.detach(), scale_format=m.scale_format, name="FP8Linear.weight", out=view
+            )
+            m._cached, m._cache_key = view, m._key()
+            row += n
     layers[0]._group_weight = fused
     return fused
 

@@ -202,7 +202,7 @@ def _grouped_rows(x: Tensor) -> tuple[Tensor, Tensor]:
 def _row_codes(x: Tensor, grouped: Tensor, amax: Tensor, scale_format: str) -> QuantizedTensor:
     k = x.shape[-1]
     scale = scale_from_amax(amax, scale_format=scale_format)
-    codes = _to_codes(grouped / scale.unsqueeze(-1)).reshape(*x.shape[:-1], -1)
+    codes = _to_codes(grouped / scale.unsqueeze(-1)).flatten(-2)  # [..., G*128], also for 0 rows
     if codes.shape[-1] != k:
         codes = codes[..., :k].contiguous()
     return QuantizedTensor(codes, scale, (1, GROUP))
@@ -331,25 +331,39 @@ def per_token_group_quant(
 
 
 def per_block_quant(
-    w: Tensor, *, scale_format: ScaleFormat = "fp32", name: str = "w", check_finite: bool = True
+    w: Tensor,
+    *,
+    scale_format: ScaleFormat = "fp32",
+    name: str = "w",
+    check_finite: bool = True,
+    out: QuantizedTensor | None = None,
 ) -> QuantizedTensor:
     """Quantize a weight ``w [N, K]`` to E4M3 with one scale per 128×128 block.
 
     Returns ``QuantizedTensor(codes [N, K], scale [ceil(N/128), ceil(K/128)], (128,128))``.
     Same scale rule, edge rules and errors as ``per_token_group_quant`` (DeepSeek-V3 §3.3).
+    ``out``: write into these row-major codes/scale (e.g. row slices of a fused weight) and
+    return it; the Triton kernel writes there directly, the reference copies.
     """
     _check_scale_format(scale_format)
     _check_input(w, name, dims=2)
+    if out is not None and (out.shape != w.shape or out.block != (GROUP, GROUP)):
+        raise ValueError(f"{name}: out is {tuple(out.shape)} {out.block}, w is {tuple(w.shape)}")
     if _use_triton(w):
         from fp8rl.kernels import quant_triton
 
-        q = quant_triton.per_block_quant_triton(w, scale_format=scale_format)
+        q = quant_triton.per_block_quant_triton(w, scale_format=scale_format, out=out)
         if should_check_finite(check_finite, w.device):
             raise_if_not_finite(q.scale, name=name, what="a 128x128 block")
         return q
-    return per_block_quant_reference(
+    q = per_block_quant_reference(
         w, scale_format=scale_format, name=name, check_finite=check_finite
     )
+    if out is None:
+        return q
+    out.codes.copy_(q.codes)
+    out.scale.copy_(q.scale)
+    return out
 
 
 def per_column_group_quant(

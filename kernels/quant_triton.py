@@ -159,14 +159,21 @@ def per_token_group_quant_triton(
     return QuantizedTensor(codes.view(*lead, k), scale_storage.t().view(*lead, groups), (1, GROUP))
 
 
-def per_block_quant_triton(w: Tensor, *, scale_format: str = "fp32") -> QuantizedTensor:
-    """Triton 128×128 quantizer: ``w [N, K]`` → codes ``[N, K]``, scale ``[ceil(N/128), ceil(K/128)]``."""
+def per_block_quant_triton(
+    w: Tensor, *, scale_format: str = "fp32", out: QuantizedTensor | None = None
+) -> QuantizedTensor:
+    """Triton 128×128 quantizer: ``w [N, K]`` → codes ``[N, K]``, scale ``[ceil(N/128), ceil(K/128)]``
+    (written into ``out``'s row-major codes and scale when given)."""
     if w.stride(-1) != 1:
         w = w.contiguous()
     n, k = w.shape
     nb, kb = triton.cdiv(n, GROUP), triton.cdiv(k, GROUP)
-    codes = torch.empty(n, k, dtype=FP8_DTYPE, device=w.device)
-    scale = torch.empty(nb, kb, dtype=torch.float32, device=w.device)
+    if out is not None:
+        assert out.codes.stride(-1) == 1 and out.scale.stride(-1) == 1
+        codes, scale = out.codes, out.scale
+    else:
+        codes = torch.empty(n, k, dtype=FP8_DTYPE, device=w.device)
+        scale = torch.empty(nb, kb, dtype=torch.float32, device=w.device)
     if nb and kb:
         _per_block_quant_kernel[(nb, kb)](
             w, codes, scale, n, k, w.stride(0), codes.stride(0), scale.stride(0),

@@ -220,3 +220,11 @@ def test_wrong_input_width_and_weight_granularity_are_user_errors():
         fp8_linear(torch.randn(2, 100), per_block_quant(torch.randn(8, 128)))
     with pytest.raises(ValueError, match="128x128-block"):
         fp8_linear(torch.randn(2, 128), per_token_group_quant(torch.randn(8, 128)))
+
+
+def test_a_frozen_quantized_layer_passes_the_gradient_to_its_input():
+    torch.manual_seed(0)
+    layer = FP8Linear.from_quantized(per_block_quant(torch.randn(256, 256) * 0.02))
+    x = torch.randn(3, 256, requires_grad=True)
+    layer(x).sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0

@@ -46,7 +46,9 @@ def test_each_modules_quantized_weight_is_a_view_of_one_buffer_and_follows_updat
     assert not torch.equal(layers[1].quantized_weight().scale, views[1].scale)
 
 
-@pytest.mark.parametrize("case", ["exact", "ragged", "switched off", "mixed scale format"])
+@pytest.mark.parametrize(
+    "case", ["exact", "ragged", "switched off", "mixed scale format", "hooked", "subclass"]
+)
 def test_layers_that_cannot_share_a_gemm_run_one_by_one(case):
     if case == "exact":
         layers = _siblings(exact=True)
@@ -56,6 +58,15 @@ def test_layers_that_cannot_share_a_gemm_run_one_by_one(case):
         layers = _siblings()
     if case == "mixed scale format":
         layers[1].scale_format = "pow2"
+    if case == "hooked":
+        layers[1].register_forward_hook(lambda module, args, out: out * 2)
+    if case == "subclass":
+
+        class Halved(FP8Linear):
+            def forward(self, x):
+                return super().forward(x) * 0.5
+
+        layers[2] = Halved(256, 128, bias=False)
     previous = set_grouped(case != "switched off")
     try:
         assert not groupable(layers)
@@ -69,3 +80,20 @@ def test_layers_that_cannot_share_a_gemm_run_one_by_one(case):
 def test_wrong_input_width_names_the_features():
     with pytest.raises(ValueError, match="input has 128 features, the layers expect 256"):
         grouped_fp8_linear(torch.randn(2, 128), _siblings())
+
+
+def test_a_sub_list_of_a_group_gets_its_own_buffer():
+    layers = _siblings()
+    x = torch.randn(4, 256)
+    for group in (layers, layers[:2], [layers[0]], layers, [layers[2], layers[1]], layers[:2]):
+        for got, layer in zip(grouped_fp8_linear(x, group), group, strict=True):
+            assert torch.equal(got, layer(x))
+
+
+def test_empty_input_gives_empty_outputs_and_zero_weight_gradients():
+    layers = _siblings()
+    x = torch.randn(2, 0, 256, requires_grad=True)
+    outs = grouped_fp8_linear(x, layers)
+    assert [tuple(y.shape) for y in outs] == [(2, 0, 256), (2, 0, 128), (2, 0, 128)]
+    sum(y.sum() for y in outs).backward()
+    assert x.grad.shape == x.shape and all(not layer.weight.grad.any() for layer in layers)
