@@ -56,6 +56,15 @@ def _check_weight(weight: QuantizedTensor, in_features: int | None = None) -> No
         )
 
 
+def _own_storage(t: Tensor) -> Tensor:
+    """``t`` contiguous in a storage of its own: a row view of a larger buffer (a grouped
+    weight, ``linear_group``) is copied, so the module neither keeps nor saves the rest."""
+    t = t.contiguous()
+    if t.untyped_storage().nbytes() != t.numel() * t.element_size():
+        t = t.clone()
+    return t
+
+
 def _fprop(
     x: Tensor,
     weight: QuantizedTensor,
@@ -314,8 +323,8 @@ class FP8Linear(nn.Module):
         """An inference-only FP8Linear holding ``weight``'s codes + scales as buffers.
 
         No master weight, nothing requires grad; forward == ``fp8_linear(x, weight, bias)``.
-        The buffers are ``weight.codes`` / ``weight.scale`` made contiguous (no copy when they
-        already are). Raises ``ValueError`` for a weight that is not 2-D 128×128-block.
+        The buffers are ``weight.codes`` / ``weight.scale`` made contiguous in storages of their
+        own (no copy when they already are). Raises ``ValueError`` for a weight that is not 2-D 128×128-block.
         """
         _check_weight(weight)
         if scale_format not in ("fp32", "pow2"):
@@ -326,8 +335,8 @@ class FP8Linear(nn.Module):
         module.scale_format, module.exact, module.check_finite = scale_format, exact, check_finite
         module._cached, module._cache_key = None, None
         module.register_parameter("weight", None)
-        module.register_buffer("weight_codes", weight.codes.contiguous())
-        module.register_buffer("weight_scale", weight.scale.contiguous())
+        module.register_buffer("weight_codes", _own_storage(weight.codes))
+        module.register_buffer("weight_scale", _own_storage(weight.scale))
         module.register_buffer("bias", None if bias is None else bias.detach())
         return module
 

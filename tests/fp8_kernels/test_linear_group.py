@@ -97,3 +97,12 @@ def test_empty_input_gives_empty_outputs_and_zero_weight_gradients():
     assert [tuple(y.shape) for y in outs] == [(2, 0, 256), (2, 0, 128), (2, 0, 128)]
     sum(y.sum() for y in outs).backward()
     assert x.grad.shape == x.shape and all(not layer.weight.grad.any() for layer in layers)
+
+
+def test_a_layer_frozen_from_a_group_owns_only_its_rows():
+    layers = _siblings()
+    grouped_fp8_linear(torch.randn(3, 256), layers)
+    frozen = FP8Linear.from_quantized(layers[1].quantized_weight())
+    assert frozen.weight_codes.untyped_storage().nbytes() == 128 * 256
+    x = torch.randn(3, 256)
+    assert torch.equal(frozen(x), layers[1](x))
