@@ -16,8 +16,9 @@ tiled Triton kernel below) and BF16 ``torch.matmul``. Timing as ``gemm_tune``: C
 replay over several weight copies (cold in L2), ``do_bench`` median.
 
 ``--table`` adds the best bitwise candidate per (M bucket, N, K) to the table's ``parity_safe``
-list with ``fp8_in`` = whether it beat today's path by ``WIN_MARGIN``; the dispatcher runs those
-rows by default (``gemm_decode_triton.decode_wins``).
+list with ``fp8_in`` = whether it beat today's path by ``WIN_MARGIN``, or today's path is not
+bitwise the trainer's rows there (parity before speed); the dispatcher runs those rows by
+default (``gemm_decode_triton.decode_wins``).
 """
 
 from __future__ import annotations
@@ -42,14 +43,17 @@ WIN_MARGIN = 0.97
 """A candidate wins when its time is below this fraction of today's path (timing noise ~1-2%)."""
 
 
-def candidates() -> list[dec.DecodeConfig]:
-    """``BLOCK_M`` 64, ``split_k`` 1 over ``BLOCK_N`` × warps × stages (the ``keeps_k_order``
-    shape; 32 configs)."""
+def candidates(
+    block_ns=(16, 32, 64, 128), warps=(4, 8), stages=(3, 4, 5, 6), variants=((0, 1),)
+) -> list[dec.DecodeConfig]:
+    """``BLOCK_M`` 64, ``split_k`` 1 over ``BLOCK_N`` × warps × stages × loop variant (the
+    ``keeps_k_order`` shape). A variant is (scale_ahead, k_trip) (``DecodeConfig``)."""
     return [
-        dec.DecodeConfig(64, bn, 1, warps, stages)
-        for bn in (16, 32, 64, 128)
-        for warps in (4, 8)
-        for stages in (3, 4, 5, 6)
+        dec.DecodeConfig(64, bn, 1, w, st, ahead, trip)
+        for bn in block_ns
+        for w in warps
+        for st in stages
+        for ahead, trip in variants
     ]
 
 
@@ -58,7 +62,7 @@ def today(xq, wq):
     return library_gemm(xq, wq)
 
 
-def sweep_shape(n: int, k: int, ms: list[int], rep: int) -> list[dict]:
+def sweep_shape(n: int, k: int, ms: list[int], rep: int, configs) -> list[dict]:
     """Per M: today's path, BF16, and every candidate (time, bitwise vs the trainer's rows)."""
     copies = min(8, max(2, triton.cdiv(3 * 60 * 2**20, n * k)))
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
@@ -78,7 +82,7 @@ def sweep_shape(n: int, k: int, ms: list[int], rep: int) -> list[dict]:
         if tuned is not None:
             tuned_us = bench_graph(_decode_fns(xq, quantized, tuned[0]), rep) * 1e3
         timed = []
-        for cfg in candidates():
+        for cfg in configs:
             try:
                 out = dec.fp8_gemm_decode(xq, quantized[0], out_dtype=torch.bfloat16, config=cfg)[0]
             except Exception as err:  # a tile the compiler refuses (e.g. BLOCK_N 16, 8 warps)
@@ -97,7 +101,7 @@ def sweep_shape(n: int, k: int, ms: list[int], rep: int) -> list[dict]:
             "safe_us": best["us"] if best else None,
             "safe_config": dec.config_row(
                 m, n, k, best["config"], prologue=False,
-                fp8_in=best["us"] < WIN_MARGIN * base * 1e3,
+                fp8_in=best["us"] < WIN_MARGIN * base * 1e3 or not base_bitwise,
             ) if best else None,
             "all": [{**t, "config": list(vars(t["config"]).values())} for t in timed],
         }  # fmt: skip
@@ -130,7 +134,7 @@ def render(rows: list[dict], stamp: str, env: str) -> str:
         "(`scaled_mm` for M ≥ 16, tiled Triton below); `safe` = fastest candidate whose rows are",
         f"bitwise the trainer's `scaled_mm` rows at M = {TRAINER_ROWS}. CUDA graphs, cold weights.",
         "",
-        "| model | layer | M | BF16 µs | today µs | today bitwise | safe µs | config (BM/BN/split/warps/stages)"
+        "| model | layer | M | BF16 µs | today µs | today bitwise | safe µs | config (BM/BN/split/warps/stages/ahead x trip)"
         " | safe/BF16 | today/BF16 | safe vs today | bitwise/tried | fastest µs (differ) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -138,6 +142,7 @@ def render(rows: list[dict], stamp: str, env: str) -> str:
         c = r["safe_config"]
         cfg = (
             f"{c['block_m']}/{c['block_n']}/{c['split_k']}/{c['num_warps']}/{c['num_stages']}"
+            f"/{c.get('scale_ahead', 0)}x{c.get('k_trip', 1)}"
             if c
             else "—"
         )
@@ -174,13 +179,26 @@ def main() -> None:
     parser.add_argument("--rep", type=int, default=6, help="do_bench milliseconds per timing")
     parser.add_argument("--table", type=Path, help="add the parity_safe rows to this table")
     parser.add_argument("--out", type=Path, help="folder for gemm-parity.json / gemm-parity.md")
+    parser.add_argument("--block-n", type=int, nargs="+", default=[16, 32, 64, 128])
+    parser.add_argument("--warps", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--stages", type=int, nargs="+", default=[3, 4, 5, 6])
+    parser.add_argument(
+        "--variants", nargs="+", default=["0x1", "1x2", "1x4"],
+        help="loop variants AxT: scales loaded A (0/1) trips early, T (1/2/4) K blocks per trip",
+    )  # fmt: skip
+    parser.add_argument("--shapes", nargs="+", help="model:layer to sweep (default: all)")
     args = parser.parse_args()
+    variants = [tuple(int(x) for x in v.split("x")) for v in args.variants]
+    configs = candidates(args.block_n, args.warps, args.stages, variants)
     previous = dec.set_enabled(False)
     rows = []
     for model, layers in SHAPES.items():
         for name, (n, k) in layers.items():
+            if args.shapes and f"{model}:{name}" not in args.shapes:
+                continue
             rows += [
-                {"model": model, "layer": name, **r} for r in sweep_shape(n, k, args.ms, args.rep)
+                {"model": model, "layer": name, **r}
+                for r in sweep_shape(n, k, args.ms, args.rep, configs)
             ]
     dec.set_enabled(previous)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")

@@ -28,15 +28,27 @@ Design notes
   (wgmma, each 128-wide K block's product scaled and added in K order, as cuBLASLt does) is
   bitwise for every ``BLOCK_N`` (16-128), 4 or 8 warps and 3-6 stages; ``BLOCK_M`` 32 (mma.sync)
   differed in ~6% of outputs and split-K (a sum of per-split partials) in ~0.01%.
+* **The loop.** Each trip needs the activation's and the weight tile's scales of its K block;
+  Triton pipelines the code tiles (``num_stages``) but not these small loads, so a trip that
+  loads its own scales waits one global-memory round trip, and a trip's scaling waits for its
+  wgmma: ~0.45 µs per K block, whatever the tile (the down projection's 112 K blocks took
+  ~55 µs at M = 64). ``scale_ahead`` 1 loads the next trip's scales one trip early;
+  ``k_trip`` 2 issues two K blocks' products per trip and adds them in K order. Both keep the
+  same operations in the same order (bitwise the plain loop, checked on the H200 for every
+  (N, K) and M of the sweep) and took the down projection at M = 64 to ~37 µs (2026-12-03).
 * **Default dispatch: parity-safe rows only.** ``fp8_gemm`` runs this kernel by default only for
   the (M bucket, N, K) whose ``parity_safe`` row was measured bitwise *and* faster than the
-  library path by 3% (``fp8_in``): e.g. M = 16-64 of the fused gate_up (1.10-1.18×) and M = 1 of
-  most shapes; elsewhere ``scaled_mm`` (M ≥ 16) or the tiled Triton kernel (M < 16) stay. The
-  speed-tuned split-K rows (faster still, e.g. 2× at M = 1 of down, but not bitwise: fast-mode
+  library path by 3%, or where the library's own rows are not bitwise the trainer's
+  (``fp8_in``; cuBLASLt's down projection at M = 16, and Qwen's at M = 32, picks another
+  kernel than at M = 4096). Measured 2026-12-03: 41 of the 56 points, e.g. o, qkv and down at
+  M = 1-64 (1.1-1.6× over the library), the fused gate_up at M = 16-64; ``scaled_mm`` keeps
+  M ≥ 128 of most shapes (each 64-row tile re-reads the weight). The speed-tuned split-K rows
+  (faster still, e.g. 2× at M = 1 of down, but not bitwise: fast-mode
   token_mult_prob_error 1.0041 tiny-llama / 1.0344 small-llama with them) and the untuned
   ``MIN_DECODE_ROWS ≤ M ≤ MAX_DECODE_ROWS`` rule run only after ``set_enabled(True)``; the fused
   prologue too. ``set_parity_safe(False)`` turns the default rows off (benchmark baseline).
-  Exact mode never runs this kernel. Results: ``benchmarks/results/issue14/decode-gemm-parity-safe.md``.
+  Exact mode never runs this kernel. Results: ``benchmarks/results/issue14/decode-gemm-parity-safe.md``
+  and the 2026-12-03 night section of ``benchmarks/results/issue14-h200.md``.
 * **Prologue quant (only after ``set_enabled(True)``).** The prologue quantization is repeated
   by every N tile of a row block, which is free at M ≤ 16 but dominates from M = 64 on
   (0.1-0.4× BF16 there), so ``fp8_linear`` takes the fused-prologue kernel only for the
@@ -78,13 +90,18 @@ _LOCK_SLOTS = 1 << 16
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Tile and launch parameters of one decode GEMM variant."""
+    """Tile and launch parameters of one decode GEMM variant.
+
+    ``scale_ahead`` (0/1): load the next trip's scales one trip early. ``k_trip`` (1/2): K
+    blocks per loop trip. Neither changes the sum (module doc, "The loop")."""
 
     block_m: int
     block_n: int
     split_k: int
     num_warps: int = 4
     num_stages: int = 4
+    scale_ahead: int = 0
+    k_trip: int = 1
 
     @property
     def keeps_k_order(self) -> bool:
@@ -107,7 +124,13 @@ def block_m_for(m: int) -> int:
 
 def _config(row: dict) -> DecodeConfig:
     return DecodeConfig(
-        row["block_m"], row["block_n"], row["split_k"], row["num_warps"], row["num_stages"]
+        row["block_m"],
+        row["block_n"],
+        row["split_k"],
+        row["num_warps"],
+        row["num_stages"],
+        row.get("scale_ahead", 0),
+        row.get("k_trip", 1),
     )
 
 
@@ -172,7 +195,8 @@ def prologue_wins(m: int, n: int, k: int) -> bool:
 def decode_wins(m: int, n: int, k: int) -> bool:
     """Whether ``fp8_gemm`` runs the decode kernel on an already-quantized activation.
 
-    By default: only where the table has a winning parity-safe row for (M bucket, N, K)
+    By default: only where the table has a parity-safe row for (M bucket, N, K) that won or
+    where the library is not bitwise the trainer's rows
     (``_parity_safe_table``), so the rollout's rows stay bitwise the trainer's. After
     ``set_enabled(True)``: the speed-tuned row's measured ``fp8_in`` flag, else
     ``MIN_DECODE_ROWS ≤ m ≤ MAX_DECODE_ROWS``.
@@ -225,6 +249,43 @@ def _locks(device: torch.device) -> Tensor:
     return locks
 
 
+@triton.jit
+def _scales_at(sa_ptr, sb_row, offs_m, mask_m, kb, stride_sam, stride_sak, stride_sbk,
+               A_FP8: tl.constexpr):  # fmt: skip
+    """The activation scales ``[BLOCK_M]`` (zeros when quantized in the prologue) and the weight
+    tile's scale of K block ``kb``."""
+    sb = tl.load(sb_row + kb * stride_sbk)
+    if A_FP8:
+        sa = tl.load(sa_ptr + offs_m * stride_sam + kb * stride_sak, mask=mask_m, other=0.0)
+    else:
+        sa = offs_m.to(tl.float32) * 0.0
+    return sa, sb
+
+
+@triton.jit
+def _block_operands(a_ptrs, b_ptrs, kb, k_end, K, offs_k, mask_m, mask_n, sa_out_ptr, offs_m,
+                    stride_so_m, stride_so_k, write_sa, sa, A_FP8: tl.constexpr,
+                    POW2: tl.constexpr):  # fmt: skip
+    """K block ``kb``'s activation codes ``[BLOCK_M, 128]`` and scales, weight codes
+    ``[128, BLOCK_N]`` (zeros past ``k_end``). A BF16/FP32 activation is quantized here, bitwise
+    ``per_token_group_quant``, and its scales written out by the first N tile."""
+    k_mask = offs_k < tl.where(kb < k_end, K - kb * 128, 0)
+    a = tl.load(a_ptrs, mask=mask_m[:, None] & k_mask[None, :], other=0.0)
+    b = tl.load(b_ptrs, mask=k_mask[:, None] & mask_n[None, :], other=0.0)
+    if A_FP8:
+        a8 = a
+    else:
+        af = a.to(tl.float32)
+        sa = _scale_from_amax(tl.max(_nan_to_inf_abs(af), axis=1), POW2)
+        # rows past M: scale 1, not 2**-126 (suspected div.rn slow path; M=1 ran at half speed)
+        sa = tl.where(mask_m, sa, 1.0)
+        a8 = _to_codes(af, sa[:, None])
+        in_range = offs_m * 0 + kb < k_end
+        tl.store(sa_out_ptr + offs_m * stride_so_m + kb * stride_so_k, sa,
+                 mask=write_sa & in_range)  # fmt: skip
+    return a8, b, sa
+
+
 @triton.jit(do_not_specialize=["M"])
 def _decode_gemm_kernel(
     a_ptr, sa_ptr, b_ptr, sb_ptr, c_ptr, sa_out_ptr, ws_ptr, lock_ptr, M, N, K,
@@ -232,6 +293,7 @@ def _decode_gemm_kernel(
     stride_so_m, stride_so_k,
     A_FP8: tl.constexpr, POW2: tl.constexpr, B_ROW_DIV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+    SCALE_AHEAD: tl.constexpr, K_TRIP: tl.constexpr,
 ):  # fmt: skip
     BLOCK_K: tl.constexpr = 128
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -239,6 +301,7 @@ def _decode_gemm_kernel(
     per_split = tl.cdiv(k_blocks, SPLIT_K)
     kb_start = pid_k * per_split
     kb_end = tl.minimum(kb_start + per_split, k_blocks)
+    last = tl.maximum(kb_end - 1, kb_start)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -253,25 +316,47 @@ def _decode_gemm_kernel(
     sb_row = sb_ptr + (pid_n * BLOCK_N // B_ROW_DIV) * stride_sbn
     write_sa = mask_m & ((offs_m * 0 + pid_n) == 0)  # the first N tile writes the scales
 
+    # SCALE_AHEAD 1: the scales of the next trip are loaded one trip early, so no trip waits on
+    # a global load for them. K_TRIP 2: a trip issues two independent K-block products before
+    # adding them in K order (the same sum, more wgmma work in flight).
+    sa_n0, sb_n0 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, kb_start, stride_sam, stride_sak,
+                              stride_sbk, A_FP8)  # fmt: skip
+    sa_n1, sb_n1 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, tl.minimum(kb_start + 1, last),
+                              stride_sam, stride_sak, stride_sbk, A_FP8)  # fmt: skip
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(kb_start, kb_end):
-        k_mask = offs_k < K - kb * BLOCK_K
-        a = tl.load(a_ptrs, mask=mask_m[:, None] & k_mask[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=k_mask[:, None] & mask_n[None, :], other=0.0)
-        if A_FP8:
-            sa = tl.load(sa_ptr + offs_m * stride_sam + kb * stride_sak, mask=mask_m, other=0.0)
-            a8 = a
-        else:  # the 1x128 quantizer, in registers (bitwise per_token_group_quant)
-            af = a.to(tl.float32)
-            sa = _scale_from_amax(tl.max(_nan_to_inf_abs(af), axis=1), POW2)
-            # rows past M: scale 1, not 2**-126 (suspected div.rn slow path; M=1 ran at half speed)
-            sa = tl.where(mask_m, sa, 1.0)
-            a8 = _to_codes(af, sa[:, None])
-            tl.store(sa_out_ptr + offs_m * stride_so_m + kb * stride_so_k, sa, mask=write_sa)
-        sb = tl.load(sb_row + kb * stride_sbk)
-        acc += tl.dot(a8, b) * (sa * sb)[:, None]
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
+    for kb in range(kb_start, kb_end, K_TRIP):
+        if SCALE_AHEAD == 0:
+            sa0, sb0 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, kb, stride_sam, stride_sak,
+                                  stride_sbk, A_FP8)  # fmt: skip
+            sa1, sb1 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, tl.minimum(kb + 1, last),
+                                  stride_sam, stride_sak, stride_sbk, A_FP8)  # fmt: skip
+        elif K_TRIP == 2:
+            sa0, sb0, sa1, sb1 = sa_n0, sb_n0, sa_n1, sb_n1
+            sa_n0, sb_n0 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, tl.minimum(kb + 2, last),
+                                      stride_sam, stride_sak, stride_sbk, A_FP8)  # fmt: skip
+            sa_n1, sb_n1 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, tl.minimum(kb + 3, last),
+                                      stride_sam, stride_sak, stride_sbk, A_FP8)  # fmt: skip
+        else:
+            sa0, sb0 = sa_n0, sb_n0
+            sa1, sb1 = sa_n1, sb_n1
+            sa_n0, sb_n0 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, tl.minimum(kb + 1, last),
+                                      stride_sam, stride_sak, stride_sbk, A_FP8)  # fmt: skip
+        a0, b0, sa0 = _block_operands(a_ptrs, b_ptrs, kb, kb_end, K, offs_k, mask_m, mask_n,
+                                      sa_out_ptr, offs_m, stride_so_m, stride_so_k, write_sa,
+                                      sa0, A_FP8, POW2)  # fmt: skip
+        if K_TRIP == 2:
+            a1, b1, sa1 = _block_operands(a_ptrs + BLOCK_K, b_ptrs + BLOCK_K, kb + 1, kb_end, K,
+                                          offs_k, mask_m, mask_n, sa_out_ptr, offs_m,
+                                          stride_so_m, stride_so_k, write_sa, sa1, A_FP8,
+                                          POW2)  # fmt: skip
+            p0 = tl.dot(a0, b0)
+            p1 = tl.dot(a1, b1)  # all zeros past kb_end: adds +0
+            acc += p0 * (sa0 * sb0)[:, None]
+            acc += p1 * (sa1 * sb1)[:, None]
+        else:
+            acc += tl.dot(a0, b0) * (sa0 * sb0)[:, None]
+        a_ptrs += K_TRIP * BLOCK_K
+        b_ptrs += K_TRIP * BLOCK_K
 
     c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
     c_mask = mask_m[:, None] & mask_n[None, :]
@@ -329,6 +414,8 @@ def fp8_gemm_decode(
     if m == 0 or n == 0:
         return out, sa
     cfg = config or decode_config(m, n, k)
+    if cfg.scale_ahead not in (0, 1) or cfg.k_trip not in (1, 2):
+        raise ValueError(f"scale_ahead must be 0 or 1 and k_trip 1 or 2, got {cfg}")
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), cfg.split_k)
     assert grid[0] * grid[1] <= _LOCK_SLOTS
     ws = (
@@ -344,6 +431,6 @@ def fp8_gemm_decode(
         sa.stride(0), sa.stride(1),
         A_FP8=quantized, POW2=scale_format == "pow2", B_ROW_DIV=weight.block[0],
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        SCALE_AHEAD=cfg.scale_ahead, K_TRIP=cfg.k_trip, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out, sa

@@ -40,6 +40,25 @@ def decode_gemm_cases() -> None:
         print(f"decode m={m} n={n} k={k} split={split} err={err:.2e} same={same} locks={locks}")
 
 
+def decode_loop_variant_cases() -> None:
+    """Scales a trip early / two K blocks per trip against the plain loop (5 K blocks: the
+    last trip of a pair is half empty)."""
+    torch.manual_seed(3)
+    m, n, k = 5, 128, 640
+    x = torch.randn(m, k, dtype=torch.bfloat16)
+    w = per_block_quant_reference(torch.randn(n, k) * 0.02)
+    xq = quant_triton.per_token_group_quant_triton(x)
+    plain, _ = dec.fp8_gemm_decode(
+        xq, w, out_dtype=torch.float32, config=dec.DecodeConfig(64, 64, 1)
+    )
+    for ahead, trip in ((1, 1), (0, 2), (1, 2)):
+        cfg = dec.DecodeConfig(64, 64, 1, 4, 3, ahead, trip)
+        codes, _ = dec.fp8_gemm_decode(xq, w, out_dtype=torch.float32, config=cfg)
+        fused, scales = dec.fp8_gemm_decode(x, w, out_dtype=torch.float32, config=cfg)
+        same = torch.equal(codes, plain) and torch.equal(fused, plain)
+        print(f"loop ahead={ahead} trip={trip} same={same} scales={torch.equal(scales, xq.scale)}")
+
+
 def fused_cases() -> None:
     torch.manual_seed(1)
     x = torch.randn(5, 384)
@@ -109,5 +128,6 @@ def transpose_cases() -> None:
 if __name__ == "__main__":
     transpose_cases()
     decode_gemm_cases()
+    decode_loop_variant_cases()
     fused_cases()
     rope_kv_cases()

@@ -92,3 +92,24 @@ def test_only_measured_winning_parity_safe_rows_are_dispatched_by_default(monkey
     monkeypatch.setattr(dec, "_ENABLED", [True])
     assert dec.decode_wins(32, 512, 256)  # the split-K row, opted in
     assert dec.decode_config(16, 512, 256) == dec.heuristic_config(16, 512, 256)
+
+
+@pytest.mark.parametrize(("ahead", "trip"), [(2, 1), (0, 4), (-1, 2)])
+def test_a_loop_variant_the_kernel_does_not_have_is_refused(ahead, trip):
+    import torch
+
+    from fp8rl.kernels import per_block_quant_reference, per_token_group_quant
+
+    w = per_block_quant_reference(torch.randn(128, 256) * 0.02)
+    xq = per_token_group_quant(torch.randn(4, 256))
+    cfg = dec.DecodeConfig(64, 64, 1, 4, 3, ahead, trip)
+    with pytest.raises(ValueError, match="k_trip"):
+        dec.fp8_gemm_decode(xq, w, out_dtype=torch.float32, config=cfg)
+
+
+def test_committed_parity_safe_rows_use_the_kernels_loop_variants():
+    rows = json.loads(dec.TABLE_PATH.read_text())["parity_safe"]
+    assert rows
+    for r in rows:
+        cfg = dec._config(r)
+        assert cfg.keeps_k_order and cfg.scale_ahead in (0, 1) and cfg.k_trip in (1, 2), r

@@ -130,6 +130,29 @@ def test_decode_gemm_matches_the_emulation_and_the_quantized_path(m, n, k):
     assert int(dec._LOCKS[torch.device(CUDA, torch.cuda.current_device())].abs().sum()) == 0
 
 
+@pytest.mark.parametrize(("m", "n", "k"), [*SHAPES, (8, 4096, 4224)])  # 33 K blocks: ragged
+def test_decode_gemm_loop_variants_are_bitwise_the_plain_loop(m, n, k):
+    """Scales loaded a trip early and two K blocks per trip add the same products in the same
+    order: bitwise the one-block loop, from codes and with the prologue quant."""
+    from fp8rl.kernels import gemm_decode_triton as dec
+
+    x = torch.randn(m, k, device=CUDA, dtype=torch.bfloat16)
+    w = per_block_quant(torch.randn(n, k, device=CUDA, dtype=torch.bfloat16) * 0.02)
+    xq = per_token_group_quant(x)
+    differ = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        plain = dec.fp8_gemm_decode(xq, w, out_dtype=dtype, config=dec.DecodeConfig(64, 64, 1))[0]
+        for ahead, trip in ((1, 1), (0, 2), (1, 2)):
+            cfg = dec.DecodeConfig(64, 64, 1, 4, 3, ahead, trip)
+            codes = dec.fp8_gemm_decode(xq, w, out_dtype=dtype, config=cfg)[0]
+            fused, scales = dec.fp8_gemm_decode(x, w, out_dtype=dtype, config=cfg)
+            assert torch.equal(scales, xq.scale.contiguous()), (ahead, trip)
+            for path, out in (("codes", codes), ("prologue", fused)):
+                if not torch.equal(out, plain):
+                    differ[(str(dtype), ahead, trip, path)] = int((out != plain).sum())
+    assert not differ, differ
+
+
 def _parity_safe_rows() -> list[tuple[int, int, int]]:
     from fp8rl.kernels import gemm_decode_triton as dec
 

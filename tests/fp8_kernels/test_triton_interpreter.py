@@ -43,6 +43,13 @@ def test_decode_gemm_prologue_quant_equals_the_quantized_input_path(lines):
             assert _fields(line)["same"] == "True", line
 
 
+def test_decode_gemm_loop_variants_equal_the_plain_loop(lines):
+    loops = [_fields(line) for line in lines if line.startswith("loop")]
+    assert {(d["ahead"], d["trip"]) for d in loops} == {("1", "1"), ("0", "2"), ("1", "2")}
+    for d in loops:
+        assert d["same"] == "True" and d["scales"] == "True", d
+
+
 def test_fused_norm_and_swiglu_quant_equal_the_unfused_ops(lines):
     norm = _fields(next(line for line in lines if line.startswith("norm")))
     silu = _fields(next(line for line in lines if line.startswith("silu")))
