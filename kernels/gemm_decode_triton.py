@@ -250,13 +250,16 @@ def _locks(device: torch.device) -> Tensor:
 
 
 @triton.jit
-def _scales_at(sa_ptr, sb_row, offs_m, mask_m, kb, stride_sam, stride_sak, stride_sbk,
+def _scales_at(sa_ptr, sb_row, offs_m, mask_m, kb, k_end, stride_sam, stride_sak, stride_sbk,
                A_FP8: tl.constexpr):  # fmt: skip
     """The activation scales ``[BLOCK_M]`` (zeros when quantized in the prologue) and the weight
-    tile's scale of K block ``kb``."""
-    sb = tl.load(sb_row + kb * stride_sbk)
+    tile's scale ``[1]`` of K block ``kb``; zeros (nothing read) when ``kb ≥ k_end``, so a block past the
+    split adds ``0 · 0`` (never ``0 · inf``) and an empty split reads no memory."""
+    one = tl.arange(0, 1)
+    sb = tl.load(sb_row + kb * stride_sbk + one, mask=one + kb < k_end, other=0.0)  # [1]
     if A_FP8:
-        sa = tl.load(sa_ptr + offs_m * stride_sam + kb * stride_sak, mask=mask_m, other=0.0)
+        sa = tl.load(sa_ptr + offs_m * stride_sam + kb * stride_sak,
+                     mask=mask_m & (offs_m * 0 + kb < k_end), other=0.0)  # fmt: skip
     else:
         sa = offs_m.to(tl.float32) * 0.0
     return sa, sb
@@ -301,7 +304,6 @@ def _decode_gemm_kernel(
     per_split = tl.cdiv(k_blocks, SPLIT_K)
     kb_start = pid_k * per_split
     kb_end = tl.minimum(kb_start + per_split, k_blocks)
-    last = tl.maximum(kb_end - 1, kb_start)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -319,27 +321,27 @@ def _decode_gemm_kernel(
     # SCALE_AHEAD 1: the scales of the next trip are loaded one trip early, so no trip waits on
     # a global load for them. K_TRIP 2: a trip issues two independent K-block products before
     # adding them in K order (the same sum, more wgmma work in flight).
-    sa_n0, sb_n0 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, kb_start, stride_sam, stride_sak,
-                              stride_sbk, A_FP8)  # fmt: skip
-    sa_n1, sb_n1 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, tl.minimum(kb_start + 1, last),
+    sa_n0, sb_n0 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, kb_start, kb_end, stride_sam,
+                              stride_sak, stride_sbk, A_FP8)  # fmt: skip
+    sa_n1, sb_n1 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, kb_start + 1, kb_end,
                               stride_sam, stride_sak, stride_sbk, A_FP8)  # fmt: skip
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(kb_start, kb_end, K_TRIP):
         if SCALE_AHEAD == 0:
-            sa0, sb0 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, kb, stride_sam, stride_sak,
-                                  stride_sbk, A_FP8)  # fmt: skip
-            sa1, sb1 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, tl.minimum(kb + 1, last),
+            sa0, sb0 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, kb, kb_end, stride_sam,
+                                  stride_sak, stride_sbk, A_FP8)  # fmt: skip
+            sa1, sb1 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, kb + 1, kb_end,
                                   stride_sam, stride_sak, stride_sbk, A_FP8)  # fmt: skip
         elif K_TRIP == 2:
             sa0, sb0, sa1, sb1 = sa_n0, sb_n0, sa_n1, sb_n1
-            sa_n0, sb_n0 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, tl.minimum(kb + 2, last),
+            sa_n0, sb_n0 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, kb + 2, kb_end,
                                       stride_sam, stride_sak, stride_sbk, A_FP8)  # fmt: skip
-            sa_n1, sb_n1 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, tl.minimum(kb + 3, last),
+            sa_n1, sb_n1 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, kb + 3, kb_end,
                                       stride_sam, stride_sak, stride_sbk, A_FP8)  # fmt: skip
         else:
             sa0, sb0 = sa_n0, sb_n0
             sa1, sb1 = sa_n1, sb_n1
-            sa_n0, sb_n0 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, tl.minimum(kb + 1, last),
+            sa_n0, sb_n0 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, kb + 1, kb_end,
                                       stride_sam, stride_sak, stride_sbk, A_FP8)  # fmt: skip
         a0, b0, sa0 = _block_operands(a_ptrs, b_ptrs, kb, kb_end, K, offs_k, mask_m, mask_n,
                                       sa_out_ptr, offs_m, stride_so_m, stride_so_k, write_sa,
@@ -411,11 +413,12 @@ def fp8_gemm_decode(
         if quantized
         else torch.empty(m, triton.cdiv(k, GROUP), dtype=torch.float32, device=device)
     )
+    cfg = config or decode_config(m, n, k)
+    loop = (cfg.scale_ahead, cfg.k_trip)
+    if not all(type(v) is int for v in loop) or loop[0] not in (0, 1) or loop[1] not in (1, 2):
+        raise ValueError(f"scale_ahead must be 0 or 1 and k_trip 1 or 2, got {cfg}")
     if m == 0 or n == 0:
         return out, sa
-    cfg = config or decode_config(m, n, k)
-    if cfg.scale_ahead not in (0, 1) or cfg.k_trip not in (1, 2):
-        raise ValueError(f"scale_ahead must be 0 or 1 and k_trip 1 or 2, got {cfg}")
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), cfg.split_k)
     assert grid[0] * grid[1] <= _LOCK_SLOTS
     ws = (

@@ -57,6 +57,25 @@ def decode_loop_variant_cases() -> None:
         fused, scales = dec.fp8_gemm_decode(x, w, out_dtype=torch.float32, config=cfg)
         same = torch.equal(codes, plain) and torch.equal(fused, plain)
         print(f"loop ahead={ahead} trip={trip} same={same} scales={torch.equal(scales, xq.scale)}")
+    # 3 K blocks, the last one overflowing: the half-empty last pair must add 0, not 0 * inf
+    x, w = torch.randn(1, 384), torch.randn(64, 384) * 0.02
+    x[:, 256:] *= 1e30
+    w[:, 256:] *= 1e32
+    xq, wq = quant_triton.per_token_group_quant_triton(x), per_block_quant_reference(w)
+    for ahead, trip in ((0, 2), (1, 2)):
+        cfg = dec.DecodeConfig(64, 64, 1, 4, 3, ahead, trip)
+        out, _ = dec.fp8_gemm_decode(xq, wq, out_dtype=torch.float32, config=cfg)
+        print(f"overflow ahead={ahead} trip={trip} nan={bool(out.isnan().any())}")
+    # 5 K blocks in 4 splits: the last split is empty; K = 0 has no blocks at all
+    x, w = torch.randn(17, 640), per_block_quant_reference(torch.randn(64, 640) * 0.02)
+    xq = quant_triton.per_token_group_quant_triton(x)
+    ref = fp8_gemm_reference(xq, w, out_dtype=torch.float32)
+    out, _ = dec.fp8_gemm_decode(xq, w, out_dtype=torch.float32, config=dec.DecodeConfig(64, 64, 4))
+    empty, _ = dec.fp8_gemm_decode(
+        torch.randn(3, 0), per_block_quant_reference(torch.randn(64, 0)), out_dtype=torch.float32
+    )
+    err = float((out - ref).abs().max() / ref.abs().max())
+    print(f"emptysplit err={err:.2e} k0_zero={bool((empty == 0).all())}")
 
 
 def fused_cases() -> None:

@@ -50,6 +50,16 @@ def test_decode_gemm_loop_variants_equal_the_plain_loop(lines):
         assert d["same"] == "True" and d["scales"] == "True", d
 
 
+def test_decode_gemm_pairs_past_the_last_block_add_zero_even_after_an_overflow(lines):
+    over = [_fields(line) for line in lines if line.startswith("overflow")]
+    assert len(over) == 2 and all(d["nan"] == "False" for d in over), over
+
+
+def test_decode_gemm_takes_an_empty_split_and_an_empty_k(lines):
+    d = _fields(next(line for line in lines if line.startswith("emptysplit")))
+    assert float(d["err"]) < 1e-6 and d["k0_zero"] == "True", d
+
+
 def test_fused_norm_and_swiglu_quant_equal_the_unfused_ops(lines):
     norm = _fields(next(line for line in lines if line.startswith("norm")))
     silu = _fields(next(line for line in lines if line.startswith("silu")))
