@@ -8,15 +8,15 @@ one warpgroup per 64 rows) with ``split_k`` 1 accumulates the 128-wide K blocks 
 and rounding as cuBLASLt; ``BLOCK_M`` 32 (mma.sync) and split-K do not (measured 2026-12-02).
 
 For every (N, K) of ``gemm_tune.SHAPES`` and M in ``--ms`` (activation already quantized, as the
-fused norm/SwiGLU kernels produce it) this times every ``BLOCK_M`` 64, ``split_k`` 1 candidate
-(``BLOCK_N`` × ``num_warps`` × ``num_stages``) and checks its output rows for bitwise equality
+fused norm/SwiGLU kernels produce it) this times every ``split_k`` 1 candidate (``BLOCK_M`` 64 or
+128 × ``BLOCK_N`` × ``num_warps`` × ``num_stages`` × loop variant) and checks its output rows for bitwise equality
 with ``scaled_mm`` at M = 4096 on rows that contain the same M rows (offset ``ROW_OFFSET``).
 Baselines: ``fp8_gemm`` as dispatched today (decode kernel off: ``scaled_mm`` from M = 16, the
 tiled Triton kernel below) and BF16 ``torch.matmul``. Timing as ``gemm_tune``: CUDA-graph
 replay over several weight copies (cold in L2), ``do_bench`` median.
 
-``--table`` adds the best bitwise candidate per (M bucket, N, K) to the table's ``parity_safe``
-list with ``fp8_in`` = whether it beat today's path by ``WIN_MARGIN``, or today's path is not
+``--table`` puts the best bitwise candidate per swept (M bucket, N, K) into the table's
+``parity_safe`` list (rows of points not swept are kept) with ``fp8_in`` = whether it beat today's path by ``WIN_MARGIN``, or today's path is not
 bitwise the trainer's rows there (parity before speed); the dispatcher runs those rows by
 default (``gemm_decode_triton.decode_wins``).
 """
@@ -44,12 +44,17 @@ WIN_MARGIN = 0.97
 
 
 def candidates(
-    block_ns=(16, 32, 64, 128), warps=(4, 8), stages=(3, 4, 5, 6), variants=((0, 1),)
+    block_ns=(16, 32, 64, 128),
+    warps=(4, 8),
+    stages=(3, 4, 5, 6),
+    variants=((0, 1),),
+    block_ms=(64,),
 ) -> list[dec.DecodeConfig]:
-    """``BLOCK_M`` 64, ``split_k`` 1 over ``BLOCK_N`` × warps × stages × loop variant (the
+    """``split_k`` 1 over ``BLOCK_M`` × ``BLOCK_N`` × warps × stages × loop variant (the
     ``keeps_k_order`` shape). A variant is (scale_ahead, k_trip) (``DecodeConfig``)."""
     return [
-        dec.DecodeConfig(64, bn, 1, w, st, ahead, trip)
+        dec.DecodeConfig(bm, bn, 1, w, st, ahead, trip)
+        for bm in block_ms
         for bn in block_ns
         for w in warps
         for st in stages
@@ -82,7 +87,9 @@ def sweep_shape(n: int, k: int, ms: list[int], rep: int, configs) -> list[dict]:
         if tuned is not None:
             tuned_us = bench_graph(_decode_fns(xq, quantized, tuned[0]), rep) * 1e3
         timed = []
-        for cfg in configs:
+        limit = dec._shared_memory_limit(x.device)
+        fitted = {dec.fit_stages(cfg, 1, limit): None for cfg in configs}  # what would run
+        for cfg in fitted:
             try:
                 out = dec.fp8_gemm_decode(xq, quantized[0], out_dtype=torch.bfloat16, config=cfg)[0]
             except Exception as err:  # a tile the compiler refuses (e.g. BLOCK_N 16, 8 warps)
@@ -116,11 +123,13 @@ def sweep_shape(n: int, k: int, ms: list[int], rep: int, configs) -> list[dict]:
 
 
 def write_table(path: Path, rows: list[dict], stamp: str) -> None:
-    """Replace the table's ``parity_safe`` list with this sweep's best bitwise rows."""
+    """Replace the table's ``parity_safe`` rows of the swept (M bucket, N, K) with this sweep's
+    best bitwise rows (a swept point without one loses its row); other points keep theirs."""
     table = json.loads(path.read_text())
-    table["parity_safe"] = [
-        {**r["safe_config"], "parity_safe": True} for r in rows if r["safe_config"]
-    ]
+    swept = {(dec.m_bucket(r["m"]), r["n"], r["k"]) for r in rows}
+    kept = [r for r in table.get("parity_safe", []) if (r["m"], r["n"], r["k"]) not in swept]
+    new = [{**r["safe_config"], "parity_safe": True} for r in rows if r["safe_config"]]
+    table["parity_safe"] = sorted(kept + new, key=lambda r: (r["n"], r["k"], r["m"]))
     table["parity_safe_tuned"] = f"{stamp} (benchmarks/gemm_parity_tune.py)"
     path.write_text(json.dumps(table, indent=1) + "\n")
 
@@ -128,7 +137,7 @@ def write_table(path: Path, rows: list[dict], stamp: str) -> None:
 def render(rows: list[dict], stamp: str, env: str) -> str:
     """The markdown table: per (shape, M) the best bitwise config against today and BF16."""
     lines = [
-        f"# Parity-safe decode GEMM (BLOCK_M 64, split_k 1) — {stamp} · {env}",
+        f"# Parity-safe decode GEMM (split_k 1) — {stamp} · {env}",
         "",
         "FP8 activation already quantized. `today` = `fp8_gemm` with the decode kernel off",
         "(`scaled_mm` for M ≥ 16, tiled Triton below); `safe` = fastest candidate whose rows are",
@@ -179,6 +188,7 @@ def main() -> None:
     parser.add_argument("--rep", type=int, default=6, help="do_bench milliseconds per timing")
     parser.add_argument("--table", type=Path, help="add the parity_safe rows to this table")
     parser.add_argument("--out", type=Path, help="folder for gemm-parity.json / gemm-parity.md")
+    parser.add_argument("--block-m", type=int, nargs="+", default=[64], help="64 and/or 128")
     parser.add_argument("--block-n", type=int, nargs="+", default=[16, 32, 64, 128])
     parser.add_argument("--warps", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--stages", type=int, nargs="+", default=[3, 4, 5, 6])
@@ -189,7 +199,7 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="+", help="model:layer to sweep (default: all)")
     args = parser.parse_args()
     variants = [tuple(int(x) for x in v.split("x")) for v in args.variants]
-    configs = candidates(args.block_n, args.warps, args.stages, variants)
+    configs = candidates(args.block_n, args.warps, args.stages, variants, args.block_m)
     previous = dec.set_enabled(False)
     rows = []
     for model, layers in SHAPES.items():

@@ -27,22 +27,27 @@ Design notes
   M = 1-256, rows compared with ``scaled_mm`` at M = 4096): ``BLOCK_M`` 64 with ``split_k`` 1
   (wgmma, each 128-wide K block's product scaled and added in K order, as cuBLASLt does) is
   bitwise for every ``BLOCK_N`` (16-128), 4 or 8 warps and 3-6 stages; ``BLOCK_M`` 32 (mma.sync)
-  differed in ~6% of outputs and split-K (a sum of per-split partials) in ~0.01%.
+  differed in ~6% of outputs and split-K (a sum of per-split partials) in ~0.01%. ``BLOCK_M``
+  128 (one warpgroup issuing two 64-row wgmmas, or two warpgroups) was bitwise on every point of
+  the 2026-12-04 sweep (M = 128 and 256, all eight shapes).
 * **The loop.** Each trip needs the activation's and the weight tile's scales of its K block;
   Triton pipelines the code tiles (``num_stages``) but not these small loads, so a trip that
   loads its own scales waits one global-memory round trip, and a trip's scaling waits for its
   wgmma: ~0.45 µs per K block, whatever the tile (the down projection's 112 K blocks took
   ~55 µs at M = 64). ``scale_ahead`` 1 loads the next trip's scales one trip early;
-  ``k_trip`` 2 issues two K blocks' products per trip and adds them in K order. Both keep the
-  same operations in the same order (bitwise the plain loop, checked on the H200 for every
-  (N, K) and M of the sweep) and took the down projection at M = 64 to ~37 µs (2026-12-03).
+  ``k_trip`` 2 or 4 issues two or four K blocks' products per trip and adds them in K order.
+  Both keep the same operations in the same order (bitwise the plain loop, checked on the H200
+  for every (N, K) and M of the sweeps) and took the down projection at M = 64 to ~37 µs
+  (2026-12-03, ``k_trip`` 2) and ~30 µs (2026-12-04, ``k_trip`` 4; the o projection ~11 µs).
+  ``fit_stages`` lowers ``num_stages`` where a row's tiles would not fit in shared memory (a
+  ``k_trip`` 4 row on a BF16 prologue input).
 * **Default dispatch: parity-safe rows only.** ``fp8_gemm`` runs this kernel by default only for
   the (M bucket, N, K) whose ``parity_safe`` row was measured bitwise *and* faster than the
   library path by 3%, or where the library's own rows are not bitwise the trainer's
   (``fp8_in``; cuBLASLt's down projection at M = 16, and Qwen's at M = 32, picks another
-  kernel than at M = 4096). Measured 2026-12-03: 41 of the 56 points, e.g. o, qkv and down at
-  M = 1-64 (1.1-1.6× over the library), the fused gate_up at M = 16-64; ``scaled_mm`` keeps
-  M ≥ 128 of most shapes (each 64-row tile re-reads the weight). The speed-tuned split-K rows
+  kernel than at M = 4096). Measured 2026-12-04: 41 of the 56 points, e.g. o, qkv and down at
+  M = 1-64 (1.1-1.8× over the library), o and down at M = 128, the fused gate_up at M = 16-64;
+  ``scaled_mm`` keeps M = 256 and the other M = 128 points (128-row tiles did not beat it). The speed-tuned split-K rows
   (faster still, e.g. 2× at M = 1 of down, but not bitwise: fast-mode
   token_mult_prob_error 1.0041 tiny-llama / 1.0344 small-llama with them) and the untuned
   ``MIN_DECODE_ROWS ≤ M ≤ MAX_DECODE_ROWS`` rule run only after ``set_enabled(True)``; the fused
@@ -59,7 +64,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -92,7 +97,7 @@ _LOCK_SLOTS = 1 << 16
 class DecodeConfig:
     """Tile and launch parameters of one decode GEMM variant.
 
-    ``scale_ahead`` (0/1): load the next trip's scales one trip early. ``k_trip`` (1/2): K
+    ``scale_ahead`` (0/1): load the next trip's scales one trip early. ``k_trip`` (1/2/4): K
     blocks per loop trip. Neither changes the sum (module doc, "The loop")."""
 
     block_m: int
@@ -242,6 +247,30 @@ def config_row(
     return row if fp8_in is None else {**row, "fp8_in": fp8_in}
 
 
+@functools.cache
+def _shared_memory_limit(device: torch.device) -> int | None:
+    """Bytes of shared memory one program may use on ``device`` (None off CUDA)."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+
+
+def fit_stages(cfg: DecodeConfig, a_bytes: int, limit: int | None) -> DecodeConfig:
+    """``cfg`` with ``num_stages`` lowered until its pipelined tiles fit in ``limit`` bytes.
+
+    Each stage holds ``k_trip`` K blocks of the activation (``block_m × 128 × a_bytes``: 1 for FP8
+    codes, 2 for a BF16 input quantized in the prologue) and of the weight (``block_n × 128``
+    FP8 codes). A table row is tuned on FP8 codes; the same row on a BF16 input can need more
+    than the H200's 227 KB (``k_trip`` 4, 64 rows, 3 stages: ~237 KB) and would not launch.
+    The stage count changes only how far loads run ahead, never the sum: the result is bitwise
+    the same. ``limit`` None (CPU, interpreter) keeps ``cfg``."""
+    per_stage = cfg.k_trip * GROUP * (cfg.block_m * a_bytes + cfg.block_n)
+    stages = cfg.num_stages
+    while limit is not None and stages > 1 and stages * per_stage > limit:
+        stages -= 1
+    return cfg if stages == cfg.num_stages else replace(cfg, num_stages=stages)
+
+
 def _locks(device: torch.device) -> Tensor:
     locks = _LOCKS.get(device)
     if locks is None:
@@ -319,12 +348,17 @@ def _decode_gemm_kernel(
     write_sa = mask_m & ((offs_m * 0 + pid_n) == 0)  # the first N tile writes the scales
 
     # SCALE_AHEAD 1: the scales of the next trip are loaded one trip early, so no trip waits on
-    # a global load for them. K_TRIP 2: a trip issues two independent K-block products before
-    # adding them in K order (the same sum, more wgmma work in flight).
+    # a global load for them. K_TRIP 2 / 4: a trip issues two / four independent K-block
+    # products before adding them in K order (the same sum, more wgmma work in flight).
     sa_n0, sb_n0 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, kb_start, kb_end, stride_sam,
                               stride_sak, stride_sbk, A_FP8)  # fmt: skip
     sa_n1, sb_n1 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, kb_start + 1, kb_end,
                               stride_sam, stride_sak, stride_sbk, A_FP8)  # fmt: skip
+    if K_TRIP == 4:
+        sa_n2, sb_n2 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, kb_start + 2, kb_end,
+                                  stride_sam, stride_sak, stride_sbk, A_FP8)  # fmt: skip
+        sa_n3, sb_n3 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, kb_start + 3, kb_end,
+                                  stride_sam, stride_sak, stride_sbk, A_FP8)  # fmt: skip
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(kb_start, kb_end, K_TRIP):
         if SCALE_AHEAD == 0:
@@ -332,6 +366,22 @@ def _decode_gemm_kernel(
                                   stride_sak, stride_sbk, A_FP8)  # fmt: skip
             sa1, sb1 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, kb + 1, kb_end,
                                   stride_sam, stride_sak, stride_sbk, A_FP8)  # fmt: skip
+            if K_TRIP == 4:
+                sa2, sb2 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, kb + 2, kb_end,
+                                      stride_sam, stride_sak, stride_sbk, A_FP8)  # fmt: skip
+                sa3, sb3 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, kb + 3, kb_end,
+                                      stride_sam, stride_sak, stride_sbk, A_FP8)  # fmt: skip
+        elif K_TRIP == 4:
+            sa0, sb0, sa1, sb1 = sa_n0, sb_n0, sa_n1, sb_n1
+            sa2, sb2, sa3, sb3 = sa_n2, sb_n2, sa_n3, sb_n3
+            sa_n0, sb_n0 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, kb + 4, kb_end,
+                                      stride_sam, stride_sak, stride_sbk, A_FP8)  # fmt: skip
+            sa_n1, sb_n1 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, kb + 5, kb_end,
+                                      stride_sam, stride_sak, stride_sbk, A_FP8)  # fmt: skip
+            sa_n2, sb_n2 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, kb + 6, kb_end,
+                                      stride_sam, stride_sak, stride_sbk, A_FP8)  # fmt: skip
+            sa_n3, sb_n3 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, kb + 7, kb_end,
+                                      stride_sam, stride_sak, stride_sbk, A_FP8)  # fmt: skip
         elif K_TRIP == 2:
             sa0, sb0, sa1, sb1 = sa_n0, sb_n0, sa_n1, sb_n1
             sa_n0, sb_n0 = _scales_at(sa_ptr, sb_row, offs_m, mask_m, kb + 2, kb_end,
@@ -346,7 +396,28 @@ def _decode_gemm_kernel(
         a0, b0, sa0 = _block_operands(a_ptrs, b_ptrs, kb, kb_end, K, offs_k, mask_m, mask_n,
                                       sa_out_ptr, offs_m, stride_so_m, stride_so_k, write_sa,
                                       sa0, A_FP8, POW2)  # fmt: skip
-        if K_TRIP == 2:
+        if K_TRIP == 4:  # four products in flight, added in K order
+            a1, b1, sa1 = _block_operands(a_ptrs + BLOCK_K, b_ptrs + BLOCK_K, kb + 1, kb_end, K,
+                                          offs_k, mask_m, mask_n, sa_out_ptr, offs_m,
+                                          stride_so_m, stride_so_k, write_sa, sa1, A_FP8,
+                                          POW2)  # fmt: skip
+            a2, b2, sa2 = _block_operands(a_ptrs + 2 * BLOCK_K, b_ptrs + 2 * BLOCK_K, kb + 2,
+                                          kb_end, K, offs_k, mask_m, mask_n, sa_out_ptr, offs_m,
+                                          stride_so_m, stride_so_k, write_sa, sa2, A_FP8,
+                                          POW2)  # fmt: skip
+            a3, b3, sa3 = _block_operands(a_ptrs + 3 * BLOCK_K, b_ptrs + 3 * BLOCK_K, kb + 3,
+                                          kb_end, K, offs_k, mask_m, mask_n, sa_out_ptr, offs_m,
+                                          stride_so_m, stride_so_k, write_sa, sa3, A_FP8,
+                                          POW2)  # fmt: skip
+            p0 = tl.dot(a0, b0)
+            p1 = tl.dot(a1, b1)
+            p2 = tl.dot(a2, b2)
+            p3 = tl.dot(a3, b3)  # blocks past kb_end: all zeros, add +0
+            acc += p0 * (sa0 * sb0)[:, None]
+            acc += p1 * (sa1 * sb1)[:, None]
+            acc += p2 * (sa2 * sb2)[:, None]
+            acc += p3 * (sa3 * sb3)[:, None]
+        elif K_TRIP == 2:
             a1, b1, sa1 = _block_operands(a_ptrs + BLOCK_K, b_ptrs + BLOCK_K, kb + 1, kb_end, K,
                                           offs_k, mask_m, mask_n, sa_out_ptr, offs_m,
                                           stride_so_m, stride_so_k, write_sa, sa1, A_FP8,
@@ -414,9 +485,10 @@ def fp8_gemm_decode(
         else torch.empty(m, triton.cdiv(k, GROUP), dtype=torch.float32, device=device)
     )
     cfg = config or decode_config(m, n, k)
+    cfg = fit_stages(cfg, a.element_size(), _shared_memory_limit(device))
     loop = (cfg.scale_ahead, cfg.k_trip)
-    if not all(type(v) is int for v in loop) or loop[0] not in (0, 1) or loop[1] not in (1, 2):
-        raise ValueError(f"scale_ahead must be 0 or 1 and k_trip 1 or 2, got {cfg}")
+    if not all(type(v) is int for v in loop) or loop[0] not in (0, 1) or loop[1] not in (1, 2, 4):
+        raise ValueError(f"scale_ahead must be 0 or 1 and k_trip 1, 2 or 4, got {cfg}")
     if m == 0 or n == 0:
         return out, sa
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), cfg.split_k)

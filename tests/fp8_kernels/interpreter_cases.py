@@ -41,8 +41,8 @@ def decode_gemm_cases() -> None:
 
 
 def decode_loop_variant_cases() -> None:
-    """Scales a trip early / two K blocks per trip against the plain loop (5 K blocks: the
-    last trip of a pair is half empty)."""
+    """Scales a trip early / two or four K blocks per trip / 128-row tiles against the plain
+    loop (5 K blocks: the last trip of a pair or a quad is partly empty)."""
     torch.manual_seed(3)
     m, n, k = 5, 128, 640
     x = torch.randn(m, k, dtype=torch.bfloat16)
@@ -51,18 +51,27 @@ def decode_loop_variant_cases() -> None:
     plain, _ = dec.fp8_gemm_decode(
         xq, w, out_dtype=torch.float32, config=dec.DecodeConfig(64, 64, 1)
     )
-    for ahead, trip in ((1, 1), (0, 2), (1, 2)):
-        cfg = dec.DecodeConfig(64, 64, 1, 4, 3, ahead, trip)
+    for bm, ahead, trip in (
+        (64, 1, 1),
+        (64, 0, 2),
+        (64, 1, 2),
+        (64, 0, 4),
+        (64, 1, 4),
+        (128, 1, 2),
+    ):
+        cfg = dec.DecodeConfig(bm, 64, 1, 4, 3, ahead, trip)
         codes, _ = dec.fp8_gemm_decode(xq, w, out_dtype=torch.float32, config=cfg)
         fused, scales = dec.fp8_gemm_decode(x, w, out_dtype=torch.float32, config=cfg)
         same = torch.equal(codes, plain) and torch.equal(fused, plain)
-        print(f"loop ahead={ahead} trip={trip} same={same} scales={torch.equal(scales, xq.scale)}")
-    # 3 K blocks, the last one overflowing: the half-empty last pair must add 0, not 0 * inf
+        print(
+            f"loop bm={bm} ahead={ahead} trip={trip} same={same} scales={torch.equal(scales, xq.scale)}"
+        )
+    # 3 K blocks, the last one overflowing: the partly empty last trip must add 0, not 0 * inf
     x, w = torch.randn(1, 384), torch.randn(64, 384) * 0.02
     x[:, 256:] *= 1e30
     w[:, 256:] *= 1e32
     xq, wq = quant_triton.per_token_group_quant_triton(x), per_block_quant_reference(w)
-    for ahead, trip in ((0, 2), (1, 2)):
+    for ahead, trip in ((0, 2), (1, 2), (0, 4), (1, 4)):
         cfg = dec.DecodeConfig(64, 64, 1, 4, 3, ahead, trip)
         out, _ = dec.fp8_gemm_decode(xq, wq, out_dtype=torch.float32, config=cfg)
         print(f"overflow ahead={ahead} trip={trip} nan={bool(out.isnan().any())}")

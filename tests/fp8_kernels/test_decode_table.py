@@ -64,7 +64,7 @@ def test_committed_parity_safe_rows_have_the_bitwise_shape():
     assert rows and "parity_safe_tuned" in table
     for r in rows:
         assert r["parity_safe"] is True and isinstance(r["fp8_in"], bool)
-        assert r["block_m"] == 64 and r["split_k"] == 1 and r["m"] == dec.m_bucket(r["m"])
+        assert r["block_m"] in (64, 128) and r["split_k"] == 1 and r["m"] == dec.m_bucket(r["m"])
     winners = {(r["m"], r["n"], r["k"]) for r in rows if r["fp8_in"]}
     assert set(dec._parity_safe_table()) == winners
 
@@ -94,7 +94,7 @@ def test_only_measured_winning_parity_safe_rows_are_dispatched_by_default(monkey
     assert dec.decode_config(16, 512, 256) == dec.heuristic_config(16, 512, 256)
 
 
-@pytest.mark.parametrize(("ahead", "trip"), [(2, 1), (0, 4), (-1, 2)])
+@pytest.mark.parametrize(("ahead", "trip"), [(2, 1), (0, 3), (-1, 2)])
 def test_a_loop_variant_the_kernel_does_not_have_is_refused(ahead, trip):
     import torch
 
@@ -112,4 +112,13 @@ def test_committed_parity_safe_rows_use_the_kernels_loop_variants():
     assert rows
     for r in rows:
         cfg = dec._config(r)
-        assert cfg.keeps_k_order and cfg.scale_ahead in (0, 1) and cfg.k_trip in (1, 2), r
+        assert cfg.keeps_k_order and cfg.scale_ahead in (0, 1) and cfg.k_trip in (1, 2, 4), r
+
+
+def test_a_row_whose_tiles_do_not_fit_shared_memory_runs_with_fewer_stages():
+    h200 = 232448  # bytes per program (shared_memory_per_block_optin)
+    row = dec.DecodeConfig(64, 64, 1, 4, 3, 1, 4)
+    assert dec.fit_stages(row, 1, h200) is row  # FP8 codes: 3 x 4 x 16 KB
+    assert dec.fit_stages(row, 2, h200) == dec.DecodeConfig(64, 64, 1, 4, 2, 1, 4)  # BF16 input
+    assert dec.fit_stages(row, 2, None) is row  # off CUDA nothing is compiled for a limit
+    assert dec.fit_stages(dec.DecodeConfig(128, 128, 1, 8, 6, 1, 4), 2, 1024).num_stages == 1

@@ -130,10 +130,19 @@ def test_decode_gemm_matches_the_emulation_and_the_quantized_path(m, n, k):
     assert int(dec._LOCKS[torch.device(CUDA, torch.cuda.current_device())].abs().sum()) == 0
 
 
+# (BLOCK_M, warps, scale_ahead, k_trip) at 3 stages; fp8_gemm_decode lowers the stages where
+# the tiles would not fit (4 blocks of 128 rows; 4 blocks of a BF16 prologue input)
+LOOP_VARIANTS = [
+    (64, 4, 1, 1), (64, 4, 0, 2), (64, 4, 1, 2), (64, 4, 0, 4), (64, 4, 1, 4),
+    (128, 4, 1, 2), (128, 8, 1, 2), (128, 8, 0, 1), (128, 8, 1, 4),
+]  # fmt: skip
+
+
 @pytest.mark.parametrize(("m", "n", "k"), [*SHAPES, (8, 4096, 4224)])  # 33 K blocks: ragged
 def test_decode_gemm_loop_variants_are_bitwise_the_plain_loop(m, n, k):
-    """Scales loaded a trip early and two K blocks per trip add the same products in the same
-    order: bitwise the one-block loop, from codes and with the prologue quant."""
+    """Scales loaded a trip early, two or four K blocks per trip and 128-row tiles (one or two
+    warpgroups) add the same products in the same order: bitwise the one-block loop of 64-row
+    tiles, from codes and with the prologue quant."""
     from fp8rl.kernels import gemm_decode_triton as dec
 
     x = torch.randn(m, k, device=CUDA, dtype=torch.bfloat16)
@@ -142,14 +151,14 @@ def test_decode_gemm_loop_variants_are_bitwise_the_plain_loop(m, n, k):
     differ = {}
     for dtype in (torch.bfloat16, torch.float32):
         plain = dec.fp8_gemm_decode(xq, w, out_dtype=dtype, config=dec.DecodeConfig(64, 64, 1))[0]
-        for ahead, trip in ((1, 1), (0, 2), (1, 2)):
-            cfg = dec.DecodeConfig(64, 64, 1, 4, 3, ahead, trip)
+        for bm, warps, ahead, trip in LOOP_VARIANTS:
+            cfg = dec.DecodeConfig(bm, 64, 1, warps, 3, ahead, trip)
             codes = dec.fp8_gemm_decode(xq, w, out_dtype=dtype, config=cfg)[0]
             fused, scales = dec.fp8_gemm_decode(x, w, out_dtype=dtype, config=cfg)
-            assert torch.equal(scales, xq.scale.contiguous()), (ahead, trip)
+            assert torch.equal(scales, xq.scale.contiguous()), cfg
             for path, out in (("codes", codes), ("prologue", fused)):
                 if not torch.equal(out, plain):
-                    differ[(str(dtype), ahead, trip, path)] = int((out != plain).sum())
+                    differ[(str(dtype), bm, warps, ahead, trip, path)] = int((out != plain).sum())
     assert not differ, differ
 
 

@@ -45,14 +45,21 @@ def test_decode_gemm_prologue_quant_equals_the_quantized_input_path(lines):
 
 def test_decode_gemm_loop_variants_equal_the_plain_loop(lines):
     loops = [_fields(line) for line in lines if line.startswith("loop")]
-    assert {(d["ahead"], d["trip"]) for d in loops} == {("1", "1"), ("0", "2"), ("1", "2")}
+    assert {(d["bm"], d["ahead"], d["trip"]) for d in loops} == {
+        ("64", "1", "1"),
+        ("64", "0", "2"),
+        ("64", "1", "2"),
+        ("64", "0", "4"),
+        ("64", "1", "4"),
+        ("128", "1", "2"),
+    }
     for d in loops:
         assert d["same"] == "True" and d["scales"] == "True", d
 
 
-def test_decode_gemm_pairs_past_the_last_block_add_zero_even_after_an_overflow(lines):
+def test_decode_gemm_trip_blocks_past_the_last_add_zero_even_after_an_overflow(lines):
     over = [_fields(line) for line in lines if line.startswith("overflow")]
-    assert len(over) == 2 and all(d["nan"] == "False" for d in over), over
+    assert len(over) == 4 and all(d["nan"] == "False" for d in over), over
 
 
 def test_decode_gemm_takes_an_empty_split_and_an_empty_k(lines):

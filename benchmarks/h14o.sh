@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Issue 14, 2026-12-04: 32-layer decode (gen 512, CUDA graphs, batch 64 and 256) before
+# (.alt = HEAD before the k_trip 4 / 128-row table, `git archive HEAD services workers protocol
+# kernels benchmarks tests | tar -x -C .alt`) and after, alternating twice, then BF16.
+# Results: $OUT/h14o.tgz.
+set -u
+R=/tmp/h14o
+mkdir -p "$R"
+export OMP_NUM_THREADS=4 TRITON_PRINT_AUTOTUNING=0
+stage() { echo "=== $1 ($(date -u +%T))"; }
+ROOT=$PWD
+source benchmarks/device_env.sh || exit 1
+decode() {  # $1 = tag, rest = rollout.py arguments
+  local tag=$1; shift
+  timeout 100 python3 benchmarks/rollout.py --gen 512 --graphs on --batch 64 256 --out "$R" \
+    --tag "$tag" "$@" 2>&1 | grep '^row' | sed "s/^/$tag /"
+}
+stage decode
+for i in 1 2; do
+  decode "new-$i" --modes unified_fp8
+  (cd .alt && source benchmarks/device_env.sh >/dev/null && decode "base-$i" --modes unified_fp8)
+  cd "$ROOT" && source benchmarks/device_env.sh >/dev/null
+done
+decode bf16 --modes bf16
+tar czf "${OUT:-/tmp}/h14o.tgz" -C "$R" .
+stage done
