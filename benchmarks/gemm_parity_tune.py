@@ -125,8 +125,11 @@ def sweep_shape(n: int, k: int, ms: list[int], rep: int, configs) -> list[dict]:
 def write_table(path: Path, rows: list[dict], stamp: str) -> None:
     """Replace the table's ``parity_safe`` rows of the swept (M bucket, N, K) with this sweep's
     best bitwise rows (a swept point without one loses its row); other points keep theirs."""
+    keys = [(dec.m_bucket(r["m"]), r["n"], r["k"]) for r in rows]
+    swept = set(keys)
+    if len(swept) < len(keys):  # one row per bucket: a bucket's row must hold for all of its M
+        raise ValueError("--ms with two values in one M bucket (the next power of two)")
     table = json.loads(path.read_text())
-    swept = {(dec.m_bucket(r["m"]), r["n"], r["k"]) for r in rows}
     kept = [r for r in table.get("parity_safe", []) if (r["m"], r["n"], r["k"]) not in swept]
     new = [{**r["safe_config"], "parity_safe": True} for r in rows if r["safe_config"]]
     table["parity_safe"] = sorted(kept + new, key=lambda r: (r["n"], r["k"], r["m"]))
@@ -198,6 +201,8 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--shapes", nargs="+", help="model:layer to sweep (default: all)")
     args = parser.parse_args()
+    if args.table and len({dec.m_bucket(m) for m in args.ms}) < len(args.ms):
+        parser.error("--ms with --table: one value per M bucket (the next power of two)")
     variants = [tuple(int(x) for x in v.split("x")) for v in args.variants]
     configs = candidates(args.block_n, args.warps, args.stages, variants, args.block_m)
     previous = dec.set_enabled(False)

@@ -93,6 +93,15 @@ _LOCKS: dict[torch.device, Tensor] = {}
 _LOCK_SLOTS = 1 << 16
 
 
+_ALLOWED = {
+    "block_m": (16, 32, 64, 128),
+    "block_n": (16, 32, 64, 128),  # ≤ 128: one weight-scale row per N tile
+    "num_warps": (1, 2, 4, 8),
+    "scale_ahead": (0, 1),
+    "k_trip": (1, 2, 4),
+}
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     """Tile and launch parameters of one decode GEMM variant.
@@ -107,6 +116,17 @@ class DecodeConfig:
     num_stages: int = 4
     scale_ahead: int = 0
     k_trip: int = 1
+
+    def __post_init__(self) -> None:
+        """``ValueError`` naming the first field the kernel cannot run: tiles are powers of two
+        of 16-128 (``tl.arange``/``tl.dot``; a ``block_n`` over 128 would span two 128-row
+        weight-scale blocks and read one), ``split_k`` and ``num_stages`` positive ints,
+        ``scale_ahead`` 0/1 and ``k_trip`` 1/2/4 (the loop variants the kernel has)."""
+        for name, value in asdict(self).items():
+            allowed = _ALLOWED.get(name)
+            if not (type(value) is int and (value in allowed if allowed else value >= 1)):
+                choices = f"one of {allowed}" if allowed else "a positive int"
+                raise ValueError(f"DecodeConfig.{name} must be {choices}, got {value!r}")
 
     @property
     def keeps_k_order(self) -> bool:
@@ -256,14 +276,18 @@ def _shared_memory_limit(device: torch.device) -> int | None:
 
 
 def fit_stages(cfg: DecodeConfig, a_bytes: int, limit: int | None) -> DecodeConfig:
-    """``cfg`` with ``num_stages`` lowered until its pipelined tiles fit in ``limit`` bytes.
+    """``cfg`` with ``num_stages`` lowered (to 1 at the least) while its estimated pipelined
+    tiles exceed ``limit`` bytes.
 
-    Each stage holds ``k_trip`` K blocks of the activation (``block_m × 128 × a_bytes``: 1 for FP8
-    codes, 2 for a BF16 input quantized in the prologue) and of the weight (``block_n × 128``
-    FP8 codes). A table row is tuned on FP8 codes; the same row on a BF16 input can need more
-    than the H200's 227 KB (``k_trip`` 4, 64 rows, 3 stages: ~237 KB) and would not launch.
-    The stage count changes only how far loads run ahead, never the sum: the result is bitwise
-    the same. ``limit`` None (CPU, interpreter) keeps ``cfg``."""
+    Estimate per stage: ``k_trip`` K blocks of the activation (``block_m × 128 × a_bytes``; 1 for
+    FP8 codes, 2 / 4 for a BF16 / FP32 input quantized in the prologue) and of the weight
+    (``block_n × 128`` FP8 codes). For FP8 codes it equals what Triton allocated on the sm_90
+    compiles checked (2026-12-04); for a BF16 input it is above it (e.g. 288 vs 232 KB at
+    ``k_trip`` 4, 64×64 tiles, 3 stages). A table row is tuned on FP8 codes; the same row on a
+    BF16 input can need more than the H200's 227 KB and would not launch (the GPU variant test
+    hit this). The stage count changes only how far loads run ahead, never the sum: the result
+    is bitwise the same. ``limit`` None (CPU, interpreter) keeps ``cfg``; a config that does
+    not fit even at 1 stage is returned at 1 stage and fails at launch."""
     per_stage = cfg.k_trip * GROUP * (cfg.block_m * a_bytes + cfg.block_n)
     stages = cfg.num_stages
     while limit is not None and stages > 1 and stages * per_stage > limit:
@@ -486,9 +510,6 @@ def fp8_gemm_decode(
     )
     cfg = config or decode_config(m, n, k)
     cfg = fit_stages(cfg, a.element_size(), _shared_memory_limit(device))
-    loop = (cfg.scale_ahead, cfg.k_trip)
-    if not all(type(v) is int for v in loop) or loop[0] not in (0, 1) or loop[1] not in (1, 2, 4):
-        raise ValueError(f"scale_ahead must be 0 or 1 and k_trip 1, 2 or 4, got {cfg}")
     if m == 0 or n == 0:
         return out, sa
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), cfg.split_k)

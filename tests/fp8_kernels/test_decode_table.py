@@ -94,17 +94,24 @@ def test_only_measured_winning_parity_safe_rows_are_dispatched_by_default(monkey
     assert dec.decode_config(16, 512, 256) == dec.heuristic_config(16, 512, 256)
 
 
-@pytest.mark.parametrize(("ahead", "trip"), [(2, 1), (0, 3), (-1, 2)])
-def test_a_loop_variant_the_kernel_does_not_have_is_refused(ahead, trip):
-    import torch
-
-    from fp8rl.kernels import per_block_quant_reference, per_token_group_quant
-
-    w = per_block_quant_reference(torch.randn(128, 256) * 0.02)
-    xq = per_token_group_quant(torch.randn(4, 256))
-    cfg = dec.DecodeConfig(64, 64, 1, 4, 3, ahead, trip)
-    with pytest.raises(ValueError, match="k_trip"):
-        dec.fp8_gemm_decode(xq, w, out_dtype=torch.float32, config=cfg)
+@pytest.mark.parametrize(
+    ("field", "fields"),
+    [
+        ("scale_ahead", (64, 64, 1, 4, 3, 2, 1)),
+        ("scale_ahead", (64, 64, 1, 4, 3, -1, 2)),
+        ("k_trip", (64, 64, 1, 4, 3, 0, 3)),
+        ("k_trip", (64, 64, 1, 4, 3, 0, None)),
+        ("k_trip", (64, 64, 1, 4, 3, 0, "4")),
+        ("k_trip", (64, 64, 1, 4, 3, 0, True)),
+        ("block_n", (64, 256, 1, 4, 3, 0, 1)),  # two weight-scale rows per tile
+        ("block_m", (48, 64, 1, 4, 3, 0, 1)),
+        ("split_k", (64, 64, 0, 4, 3, 0, 1)),  # an empty grid
+        ("num_stages", (64, 64, 1, 4, 0, 0, 1)),
+    ],
+)
+def test_a_config_the_kernel_cannot_run_is_refused_naming_the_field(field, fields):
+    with pytest.raises(ValueError, match=f"DecodeConfig.{field} must be"):
+        dec.DecodeConfig(*fields)
 
 
 def test_committed_parity_safe_rows_use_the_kernels_loop_variants():
