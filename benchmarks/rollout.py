@@ -104,7 +104,9 @@ def decode_tokens_per_s(
 ) -> float:
     engine = NativeEngine(model, eos_token_ids=[], max_batch_size=batch, cuda_graphs=graphs)
     prompts = torch.randint(0, cfg.vocab_size, (batch, prompt)).tolist()
-    engine.generate(prompts[:2], SamplingParams(n=1, max_tokens=8, seed=0))  # compile/warm-up
+    # warm-up at the timed batch: compiles its M bucket's kernels (a first call on a cold Triton
+    # cache spent ~1.8 s compiling inside the timed decode, 2026-12-04)
+    engine.generate(prompts, SamplingParams(n=1, max_tokens=8, seed=0))
     sync(device)
     t0 = time.perf_counter()
     out = engine.generate(prompts, SamplingParams(n=1, max_tokens=gen, temperature=1.0, seed=0))

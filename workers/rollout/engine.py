@@ -22,7 +22,13 @@ from fp8rl.kernels.invariant import token_logprobs
 from fp8rl.protocol import SamplingParams
 from fp8rl.workers.model.decoder import Decoder, KVCache
 from fp8rl.workers.rollout.cuda_graphs import GraphDecoder
-from fp8rl.workers.rollout.sampling import SEED_BITS, sample_tokens, sequence_seed
+from fp8rl.workers.rollout.sampling import (
+    SEED_BITS,
+    draw,
+    sample_tokens,
+    sequence_seed,
+    uniform_table,
+)
 
 KV_BUCKET = 128
 """Decode attends over the KV cache up to the next multiple of this many positions."""
@@ -126,11 +132,20 @@ class NativeEngine:
         )
         cache, last, pos = cache.select(rows), last[rows], lens[rows]
         gens = [Generation() for _ in range(len(rows))]
-        active = list(range(len(rows)))  # gens index of each decode row (-1: finished, graph mode)
         pos_host = [len(prompts[i // sp.n]) for i in range(len(rows))]
-        graphs = GraphDecoder(model, cache, len(rows)) if self.cuda_graphs else None
         stop = self.eos | set(sp.stop_token_ids)
         logits = model.logits(last)
+        if self.cuda_graphs:
+            self._decode_graphs(cache, logits, pos, pos_host, seeds, sp, gens, stop)
+        else:
+            self._decode_eager(cache, logits, pos, pos_host, seeds, sp, gens, stop)
+        return [gens[i * sp.n : (i + 1) * sp.n] for i in range(len(prompts))]
+
+    def _decode_eager(self, cache, logits, pos, pos_host, seeds, sp, gens, stop) -> None:
+        """Draw, record, drop the finished rows (compaction), step the model; one host sync per
+        step (the drawn tokens, for the stop check)."""
+        model, dev = self.model, self.device
+        active = list(range(len(gens)))  # gens index of each decode row
         for step in range(sp.max_tokens):
             tokens = sample_tokens(
                 logits,
@@ -143,39 +158,79 @@ class NativeEngine:
             logps = token_logprobs(
                 logits, tokens, temperature=sp.temperature, exact=model.precision.exact
             )
-            keep = self._record(gens, active, tokens, logps, stop, final=step == sp.max_tokens - 1)
+            final = step == sp.max_tokens - 1
+            keep = self._record(gens, active, tokens.tolist(), logps.tolist(), stop, final=final)
             if not any(keep):
                 break
-            if graphs is not None:  # static shapes: finished rows stay, marked -1
-                active = [g if k else -1 for g, k in zip(active, keep, strict=True)]
-            elif not all(keep):
+            if not all(keep):
                 index = torch.tensor([i for i, k in enumerate(keep) if k], device=dev)
                 cache, tokens, pos = cache.select(index), tokens[index], pos[index]
                 seeds = seeds[index]
                 active = [active[i] for i in index.tolist()]
                 pos_host = [pos_host[i] for i in index.tolist()]
             limit = min(cache.capacity, -(-(max(pos_host) + 1) // KV_BUCKET) * KV_BUCKET)
-            if graphs is not None:
-                logits = graphs(tokens, pos, limit)
-            else:
-                hidden = model(tokens[:, None], pos[:, None], pos + 1, cache, kv_limit=limit)
-                logits = model.logits(hidden[:, 0])
+            hidden = model(tokens[:, None], pos[:, None], pos + 1, cache, kv_limit=limit)
+            logits = model.logits(hidden[:, 0])
             pos, pos_host = pos + 1, [p + 1 for p in pos_host]
-        return [gens[i * sp.n : (i + 1) * sp.n] for i in range(len(prompts))]
+
+    def _decode_graphs(self, cache, logits, pos, pos_host, seeds, sp, gens, stop) -> None:
+        """Graph-mode decode: rows stay in place (finished ones marked -1 and ignored), each step
+        is one graph replay (forward, lm_head, draw, logprob), and the host reads step t's tokens
+        while the GPU runs step t + 1: the stop check lags one step, so the GPU never waits for
+        the host; a step launched after every row finished is discarded."""
+        model, batch = self.model, len(gens)
+        graphs = GraphDecoder(model, cache, batch, sp)
+        uniforms = uniform_table(seeds, sp.max_tokens)
+        tokens = draw(
+            logits, uniforms[:, 0], temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p
+        )
+        logps = token_logprobs(
+            logits, tokens, temperature=sp.temperature, exact=model.precision.exact
+        )
+        cuda = self.device.type == "cuda"
+        host_tokens = torch.empty(sp.max_tokens, batch, dtype=torch.long, pin_memory=cuda)
+        host_logps = torch.empty(sp.max_tokens, batch, dtype=torch.float32, pin_memory=cuda)
+        done = [None] * sp.max_tokens  # an event per step: its tokens are on the host
+
+        def to_host(step: int, tok: Tensor, lp: Tensor) -> None:
+            host_tokens[step].copy_(tok, non_blocking=cuda)
+            host_logps[step].copy_(lp, non_blocking=cuda)
+            if cuda:
+                done[step] = torch.cuda.Event()
+                done[step].record()
+
+        to_host(0, tokens, logps)
+        active = list(range(batch))  # gens index of each row, -1 once finished
+        for step in range(sp.max_tokens):
+            if step + 1 < sp.max_tokens:  # launch the next step before reading this one
+                limit = min(cache.capacity, -(-(max(pos_host) + 1) // KV_BUCKET) * KV_BUCKET)
+                tokens, logps = graphs(tokens, pos, uniforms[:, step + 1], limit)
+                to_host(step + 1, tokens, logps)
+                pos, pos_host = pos + 1, [p + 1 for p in pos_host]
+            if done[step] is not None:
+                done[step].synchronize()
+            final = step == sp.max_tokens - 1
+            keep = self._record(
+                gens, active, host_tokens[step].tolist(), host_logps[step].tolist(), stop,
+                final=final,
+            )  # fmt: skip
+            if not any(keep):
+                break
+            active = [g if k else -1 for g, k in zip(active, keep, strict=True)]
 
     @staticmethod
     def _record(
         gens: list[Generation],
         active: list[int],
-        tokens: Tensor,
-        logps: Tensor,
+        tokens: list[int],
+        logps: list[float],
         stop: set[int],
         *,
         final: bool,
     ) -> list[bool]:
         """Append each live row's token; return which rows continue (finished rows: False)."""
         keep = []
-        for g, tok, lp in zip(active, tokens.tolist(), logps.tolist(), strict=True):
+        for g, tok, lp in zip(active, tokens, logps, strict=True):
             if g < 0:
                 keep.append(False)
                 continue

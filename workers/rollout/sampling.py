@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fp8rl.kernels.backend import triton_available
+
 SEED_BITS = 62
 """Sequence seeds are below 2**62 (vLLM adds the sample index to a prompt's seed)."""
 _MASK32 = 0xFFFFFFFF
@@ -50,17 +52,29 @@ def _mix32(x: Tensor) -> Tensor:
     return x ^ (x >> 16)
 
 
-def counter_uniforms(seeds: Tensor, step: int) -> Tensor:
+def counter_uniforms(seeds: Tensor, step: int | Tensor) -> Tensor:
     """One uniform in (0, 1) per row from its seed and the counter ``step``.
 
-    seeds: [B] int64 in [0, 2**62) → [B] float64. Pure function of (seed, step): the same row gets
-    the same number in any batch, on any device.
+    seeds: [B] int64 in [0, 2**62); step: an int, or int64 steps that broadcast against ``seeds``
+    (``[B, 1]`` seeds with ``[T]`` steps give a ``[B, T]`` table) → float64. Pure function of
+    (seed, step): the same row gets the same number in any batch, on any device, alone or in a
+    table.
     """
     low, high = seeds & _MASK32, (seeds >> 32) & _MASK32
-    h = _mix32(low ^ _mix32(high ^ _mix32(torch.full_like(seeds, step & _MASK32))))
+    if isinstance(step, Tensor):
+        counter = (step & _MASK32).expand(torch.broadcast_shapes(seeds.shape, step.shape))
+    else:
+        counter = torch.full_like(seeds, step & _MASK32)
+    h = _mix32(low ^ _mix32(high ^ _mix32(counter)))
     h2 = _mix32(h ^ 0x5BD1E995)
     bits = (h >> 6) * (1 << 21) + (h2 >> 11)  # 26 + 21 = 47 random bits
     return (bits.double() + 0.5) / float(1 << 47)
+
+
+def uniform_table(seeds: Tensor, steps: int) -> Tensor:
+    """``counter_uniforms(seeds, t)`` for t = 0 … steps-1 at once: [B] int64 → [B, steps] float64
+    (column t bitwise the per-step call; one set of kernels instead of one per step)."""
+    return counter_uniforms(seeds[:, None], torch.arange(steps, device=seeds.device))
 
 
 def filter_logits(logits: Tensor, *, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -95,16 +109,39 @@ def sample_tokens(
 
     temperature <= 0 is greedy (argmax, ties to the lowest id). With ``seeds`` ([B] int64, one
     stream per row) the draw is inverse-CDF sampling at ``counter_uniforms(seeds, step)``: a pure
-    function of the row; else ``torch.multinomial`` with ``generator``.
+    function of the row (``draw``); else ``torch.multinomial`` with ``generator``.
     """
+    if seeds is not None or temperature <= 0:
+        uniforms = None if temperature <= 0 else counter_uniforms(seeds.to(logits.device), step)
+        return draw(logits, uniforms, temperature=temperature, top_k=top_k, top_p=top_p)
+    scores = filter_logits(logits.float() / temperature, top_k=top_k, top_p=top_p)
+    return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator).squeeze(-1)
+
+
+def draw(
+    logits: Tensor,
+    uniforms: Tensor | None,
+    *,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> Tensor:
+    """The seeded draw: logits [B, V] (any float dtype) and each row's uniform [B] float64 in
+    (0, 1) → [B] int64, the token whose CDF interval of softmax(filter(logits/temperature)) holds
+    it. temperature <= 0 is greedy (``uniforms`` unused, may be None). No host sync, so a CUDA
+    graph can capture it (the engine's decode step). Unfiltered on CUDA: the one-kernel draw of
+    ``kernels.sample_triton`` (same distribution; tokens may differ from the torch draw where a
+    uniform falls within rounding of a CDF boundary)."""
     scores = logits.float()
     if temperature <= 0:
         return scores.argmax(dim=-1)
+    unfiltered = not 0 < top_k < logits.shape[-1] and top_p >= 1.0
+    if unfiltered and logits.is_cuda and triton_available():  # one kernel, same distribution
+        from fp8rl.kernels.sample_triton import draw_triton
+
+        return draw_triton(logits, uniforms, temperature)
     scores = filter_logits(scores / temperature, top_k=top_k, top_p=top_p)
-    probs = torch.softmax(scores, dim=-1)
-    if seeds is None:
-        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    return inverse_cdf_sample(probs, counter_uniforms(seeds.to(probs.device), step))
+    return inverse_cdf_sample(torch.softmax(scores, dim=-1), uniforms)
 
 
 def inverse_cdf_sample(probs: Tensor, uniforms: Tensor) -> Tensor:
