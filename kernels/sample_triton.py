@@ -68,7 +68,8 @@ def draw_triton(logits: Tensor, uniforms: Tensor, temperature: float) -> Tensor:
         temperature: > 0.
     Returns:
         ``[B]`` int64: per row the first token whose cumulative ``exp(x/T - max)`` reaches
-        ``u · total``; never a token of zero probability; ``V - 1`` for a row with no finite logit.
+        ``u · total``; never a token of zero probability. A row with no positive-probability
+        token (all -inf, or NaN/+inf logits) gets some id in [0, V): garbage in, a valid id out.
     Raises:
         ValueError: temperature <= 0, or shapes that do not match.
     """

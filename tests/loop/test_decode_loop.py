@@ -60,6 +60,8 @@ def test_a_uniform_table_column_is_bitwise_the_per_step_uniform():
     assert table.shape == (8, 40) and table.dtype == torch.float64
     for step in (0, 1, 17, 39):
         assert torch.equal(table[:, step], counter_uniforms(seeds, step))
+    narrow = counter_uniforms(seeds[:, None], torch.arange(40, dtype=torch.int32))
+    assert torch.equal(narrow, table)  # int32 steps: the same numbers (no 32-bit overflow)
 
 
 @pytest.mark.parametrize(

@@ -55,14 +55,14 @@ def _mix32(x: Tensor) -> Tensor:
 def counter_uniforms(seeds: Tensor, step: int | Tensor) -> Tensor:
     """One uniform in (0, 1) per row from its seed and the counter ``step``.
 
-    seeds: [B] int64 in [0, 2**62); step: an int, or int64 steps that broadcast against ``seeds``
+    seeds: [B] int64 in [0, 2**62); step: an int, or integer steps that broadcast against ``seeds``
     (``[B, 1]`` seeds with ``[T]`` steps give a ``[B, T]`` table) → float64. Pure function of
     (seed, step): the same row gets the same number in any batch, on any device, alone or in a
     table.
     """
     low, high = seeds & _MASK32, (seeds >> 32) & _MASK32
     if isinstance(step, Tensor):
-        counter = (step & _MASK32).expand(torch.broadcast_shapes(seeds.shape, step.shape))
+        counter = (step.long() & _MASK32).expand(torch.broadcast_shapes(seeds.shape, step.shape))
     else:
         counter = torch.full_like(seeds, step & _MASK32)
     h = _mix32(low ^ _mix32(high ^ _mix32(counter)))
