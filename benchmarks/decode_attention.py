@@ -6,8 +6,10 @@ Llama-3.1-8B attention shapes (32 query heads, 8 KV heads, head dim 128), one qu
 sequence, every sequence at ``length`` valid keys in a cache of ``capacity`` = the engine's
 128-position bucket. Each variant is captured in a CUDA graph of ``REPS`` calls and replayed
 (no launch overhead). Achieved bandwidth = bytes of the K/V actually read (valid keys only) /
-time, against the 4.3 TB/s measured HBM copy bandwidth. "before" is the previous fast path:
-dequantize the whole cache (FP8), build the mask, SDPA over the capacity.
+time, against the 4.3 TB/s measured HBM copy bandwidth. "SDPA" is the fast path before
+2026-12-04: dequantize the whole cache (FP8), build the mask, SDPA over the capacity;
+"invariant" is the default since then: the invariant Triton flash attention of exact mode,
+reading the cache in place (``invariant.set_fast_attention``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 import triton
 
 from fp8rl.kernels import decode_attention as da
-from fp8rl.kernels.invariant import attention, attention_mask
+from fp8rl.kernels.invariant import attention, attention_mask, set_fast_attention
 from fp8rl.kernels.kv import kv_dequantize, kv_quantize
 
 HBM_BYTES_PER_S = 4.3e12
@@ -73,7 +75,14 @@ def case(batch: int, length: int, kv: str, splits_sweep: bool) -> list[dict]:
         mask = attention_mask(pos, k_len, capacity)
         return attention(q, kk, vv, mask, scale=scale, exact=False)
 
-    t_before = graph_time_us(before)
+    previous = set_fast_attention("sdpa")
+    try:
+        t_before = graph_time_us(before)
+    finally:
+        set_fast_attention(previous)
+    t_inv = graph_time_us(
+        lambda: attention(q, k, v, None, scale=scale, q_pos=pos, k_len=k_len, **scales)
+    )
     default = da.num_splits(batch, HKV, capacity)
     sweep = [
         (s, da.BLOCK_N) for s in sorted({default, 1, 2, 4, 8, 16} if splits_sweep else {default})
@@ -101,6 +110,8 @@ def case(batch: int, length: int, kv: str, splits_sweep: bool) -> list[dict]:
                 "gb_s": read / t / 1e3,
                 "pct_hbm": 100 * read / (t * 1e-6) / HBM_BYTES_PER_S,
                 "before_us": t_before,
+                "invariant_us": t_inv,
+                "invariant_pct_hbm": 100 * read / (t_inv * 1e-6) / HBM_BYTES_PER_S,
                 "speedup": t_before / t,
             }
         )
@@ -110,21 +121,23 @@ def case(batch: int, length: int, kv: str, splits_sweep: bool) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--no-sweep", action="store_true", help="default split count only")
     args = parser.parse_args()
     rows = []
     for batch, length in [(64, 448), (256, 448), (64, 2176), (64, 4160), (8, 4160)]:
         for kv in ("bf16", "fp8"):
-            rows += case(batch, length, kv, splits_sweep=batch == 64)
+            rows += case(batch, length, kv, splits_sweep=batch == 64 and not args.no_sweep)
             print(json.dumps(rows[-1]), flush=True)
     table = (
         f"# Decode attention micro-benchmark (H={H}, Hkv={HKV}, D={D}; {torch.cuda.get_device_name()}, "
         f"torch {torch.__version__}, triton {triton.__version__})\n\n"
-        "| batch | valid keys | capacity | KV | splits | keys/tile | µs | GB/s | % of 4.3 TB/s | before µs | speed-up |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| batch | valid keys | capacity | KV | splits | keys/tile | µs | GB/s | % of 4.3 TB/s | SDPA µs | speed-up | invariant µs | invariant % of 4.3 TB/s |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
         + "\n".join(
             f"| {r['batch']} | {r['length']} | {r['capacity']} | {r['kv']} | "
             f"{r['splits']}{' (default)' if r['default'] else ''} | {r['block_n']} | {r['us']:.1f} | {r['gb_s']:,.0f} | "
-            f"{r['pct_hbm']:.0f}% | {r['before_us']:.1f} | {r['speedup']:.2f}× |"
+            f"{r['pct_hbm']:.0f}% | {r['before_us']:.1f} | {r['speedup']:.2f}× | "
+            f"{r['invariant_us']:.1f} | {r['invariant_pct_hbm']:.0f}% |"
             for r in rows
         )
         + "\n"

@@ -15,6 +15,8 @@ dispatch functions in this process only:
 * ``decode GEMM on``: as committed, with the decode GEMM dispatched per the tuned table.
 * ``decode GEMM on, trainer torch ops``: also the trainer's RMSNorm / SiLU·mul on the torch
   float32 ops: the state before this fix (up to the fused kernels' float64 mean square).
+* ``attention on SDPA``: as committed with the fast mode's attention on SDPA
+  (``invariant.set_fast_attention("sdpa")``), the engine and trainer of before 2026-12-04.
 * ``pre-issue-14 engine``: no fused blocks, no decode GEMM, torch norm/SiLU: the engine of
   2026-11-29 (token_mult_prob_error 1.00252703 tiny-llama, 1.02448287 small-llama then).
 
@@ -62,6 +64,9 @@ def _variant(name: str) -> contextlib.ExitStack:
     if name.startswith("decode GEMM on"):
         previous = gemm_decode_triton.set_enabled(True)
         stack.callback(gemm_decode_triton.set_enabled, previous)
+    if name in ("attention on SDPA", "pre-issue-14 engine"):
+        previous_attention = invariant.set_fast_attention("sdpa")
+        stack.callback(invariant.set_fast_attention, previous_attention)
     if name == "pre-issue-14 engine":
         stack.enter_context(_patched(decoder.Block, "fused_ready", lambda self: False))
     return stack
@@ -72,6 +77,7 @@ VARIANTS = [
     "parity-safe rows off",
     "decode GEMM on",
     "decode GEMM on, trainer torch ops",
+    "attention on SDPA",
     "pre-issue-14 engine",
 ]
 

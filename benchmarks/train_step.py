@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from fp8rl.kernels import deferred_finite_checks
+from fp8rl.kernels.invariant import set_fast_attention
 from fp8rl.kernels.linear_group import set_grouped
 from fp8rl.protocol import QuantConfig
 from fp8rl.workers.model.build import build_decoder
@@ -152,8 +153,16 @@ def main() -> None:
         choices=["on", "off"],
         help="FP8 rows with q/k/v and gate/up as one GEMM (on, the default) and/or per module",
     )
+    parser.add_argument(
+        "--attention",
+        default="triton",
+        choices=["triton", "sdpa"],
+        help="fast mode's attention on CUDA (kernels.invariant.set_fast_attention): the "
+        "invariant Triton kernel (default; the engine reads the KV cache in place) or SDPA",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    set_fast_attention(args.attention)
     cfg = dataclasses.replace(PRESETS[args.preset], num_hidden_layers=args.layers)
     fp8 = [("unified_fp8", False)] if "unified_fp8" in args.modes else []
     fp8 += [("unified_fp8", True)] if args.exact else []
@@ -176,7 +185,8 @@ def main() -> None:
                 flush=True,
             )
     lines = [
-        f"# Train step — {args.preset}, {args.layers} layers, seq {args.seq}",
+        f"# Train step — {args.preset}, {args.layers} layers, seq {args.seq}, "
+        f"fast attention {args.attention}",
         f"{time.strftime('%Y-%m-%d')} · {torch.cuda.get_device_name()} · torch {torch.__version__}",
         "",
         "| mode | exact | NaN checks | q/k/v, gate/up grouped | tokens | step s | vs BF16 | peak GiB |",

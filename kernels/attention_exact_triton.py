@@ -1,12 +1,21 @@
-"""Batch-invariant flash attention for ``precision.exact`` on CUDA (Triton), forward and backward.
+"""Batch-invariant flash attention on CUDA (Triton), forward and backward: exact mode's, and
+since 2026-12-04 the fast mode's too (``invariant.set_fast_attention``).
 
 The forward is the one kernel both sides of the bitwise contract run: the trainer over whole
-sequences and the rollout engine for prefill and every KV-cache decode step. A query row's
+sequences and the rollout engine for prefill and every KV-cache decode step. In fast mode it
+replaced SDPA: engine and trainer attention then agree bitwise there as well, and the engine
+reads its KV cache in place (H200, Llama-3.1-8B decode at gen 512: +23-25 % tok/s unified FP8,
++12-18 % BF16; the 8-layer train step at 16K tokens as fast as SDPA, 4 GB less peak memory). A query row's
 output bits depend only on that row's query, the keys/values it can see and the head size:
 
 * **One compiled config.** ``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages`` are constants
   of this module, never chosen from the shape; the integer sizes are excluded from Triton's
   specialisation (``do_not_specialize``), so every call runs the same binary.
+* **An FP8 KV cache read in place** (``KV_FP8``, the engine only): each tile is dequantized in
+  registers as ``(code · scale)`` in float32 rounded to the query dtype, bitwise
+  ``kv.kv_dequantize`` and the trainer's ``kv_round_trip``, then the same arithmetic follows.
+  The tile has to pass through registers into shared memory for the BF16 ``tl.dot``, which
+  holds this path to ~40-50 % of HBM bandwidth on FP8 bytes (the BF16 path: 63-89 %).
 * **Fixed key order.** Each query row walks key blocks of ``BLOCK_N`` from key 0 upwards: key
   ``j`` always sits at column ``j % BLOCK_N`` of block ``j // BLOCK_N``, and each score is one
   ``tl.dot`` over the head dim with the same instruction sequence whatever the other rows of the
@@ -42,6 +51,10 @@ BLOCK_M = 64
 BLOCK_N = 64
 NUM_WARPS = 4
 NUM_STAGES = 2
+FP8_KV_STAGES = 3
+"""Pipeline stages of the forward over an FP8 cache read in place (the engine's binary; the
+stages change no arithmetic). H200, batch 64, 2,176 / 4,160 keys: 142 / 259 µs against 171 / 307
+with 2 stages; batch 256 unchanged (``benchmarks/attention_fp8_tune.py``, 2026-12-04)."""
 BWD_BLOCK_M = 64  # the backward need not be invariant: its tiles are free to tune
 BWD_BLOCK_N = 64
 BWD_WARPS = 8
@@ -52,9 +65,9 @@ __all__ = ["BLOCK_M", "BLOCK_N", "exact_attention"]
 
 @triton.jit(do_not_specialize=["Lq", "Lk", "R", "G", "HKV"])
 def _fwd_kernel(
-    Q, K, V, OUT, LSE, NVIS, Lq, Lk, R, G, HKV, qk_scale,
+    Q, K, V, KS, VS, OUT, LSE, NVIS, Lq, Lk, R, G, HKV, qk_scale,
     sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som,
-    D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, KV_FP8: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -71,6 +84,9 @@ def _fwd_kernel(
     hi = tl.minimum(tl.max(nvis, 0), Lk)
     k_base = K + b.to(tl.int64) * skb + hk.to(tl.int64) * skh
     v_base = V + b.to(tl.int64) * svb + hk.to(tl.int64) * svh
+    if KV_FP8:
+        k_scale = tl.load(KS)
+        v_scale = tl.load(VS)
 
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
@@ -84,6 +100,9 @@ def _fwd_kernel(
         v = tl.load(
             v_base + cols.to(tl.int64)[:, None] * svn + d[None, :], mask=col_ok[:, None], other=0.0
         )
+        if KV_FP8:  # an FP8 cache read in place: kv.kv_dequantize's values, bitwise
+            k = (k.to(tl.float32) * k_scale).to(q.dtype)
+            v = (v.to(tl.float32) * v_scale).to(q.dtype)
         s = tl.dot(q, tl.trans(k)) * qk_scale
         s = tl.where(cols[None, :] < nvis[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -216,8 +235,17 @@ def _last_dim_contiguous(t: Tensor) -> Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _forward(q: Tensor, k: Tensor, v: Tensor, nvis: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+def _forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    nvis: Tensor,
+    scale: float,
+    k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
     b, h, lq, d = q.shape
+    fp8 = k.dtype == torch.float8_e4m3fn
     hkv, lk = k.shape[1], k.shape[2]
     g = h // hkv
     out = torch.empty(b, h, lq, d, dtype=q.dtype, device=q.device)
@@ -225,10 +253,12 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, nvis: Tensor, scale: float) -> tup
     r = g * lq
     grid = (triton.cdiv(r, BLOCK_M), b * hkv)
     _fwd_kernel[grid](
-        q, k, v, out, lse, nvis, lq, lk, r, g, hkv, scale * _LOG2E,
+        q, k, v, k_scale if fp8 else q, v_scale if fp8 else q, out, lse, nvis, lq, lk, r, g, hkv,
+        scale * _LOG2E,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        D=d, BM=BLOCK_M, BN=BLOCK_N, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        D=d, BM=BLOCK_M, BN=BLOCK_N, KV_FP8=fp8, num_warps=NUM_WARPS,
+        num_stages=FP8_KV_STAGES if fp8 else NUM_STAGES,
     )  # fmt: skip
     return out, lse
 
@@ -270,24 +300,45 @@ class _ExactAttention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
-def exact_attention(q: Tensor, k: Tensor, v: Tensor, n_visible: Tensor, *, scale: float) -> Tensor:
+def exact_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    n_visible: Tensor,
+    *,
+    scale: float,
+    k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
+) -> Tensor:
     """Batch-invariant GQA attention over a prefix of keys per query row (CUDA, Triton).
 
     Args:
         q: [B, H, Lq, D] BF16/FP16 (any strides with the last dim contiguous).
-        k, v: [B, Hkv, Lk, D], H a multiple of Hkv (e.g. KV-cache slices).
+        k, v: [B, Hkv, Lk, D], H a multiple of Hkv (e.g. KV-cache slices): q's dtype, or FP8
+            E4M3 codes of an FP8 KV cache, read in place (no autograd).
         n_visible: [B, Lq] integer: query (b, l) sees keys ``[0, n_visible[b, l])``; must be
             >= 1 (``min(position + 1, k_len)`` for ``invariant.attention_mask``'s mask).
         scale: softmax scale (usually D**-0.5).
+        k_scale, v_scale: 0-d float32 per-tensor scales of FP8 k/v (``kv.kv_dequantize``'s; each
+            tile is dequantized in registers to the same values, so an engine reading its FP8
+            cache and a trainer attending over ``kv.kv_round_trip`` keys get the same bits).
     Returns:
         [B, H, Lq, D] in q.dtype; differentiable in q, k, v (deterministic backward, fp32
         accumulation, no [Lq, Lk] buffer).
     Raises:
-        ValueError: shapes disagree or the head dim is not a power of two in [16, 256].
+        ValueError: shapes disagree, the head dim is not a power of two in [16, 256], FP8 k/v
+            come without their scales or under autograd.
     """
     _check(q, k, v, n_visible)
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     nvis = n_visible.to(torch.int32).contiguous()
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if k.dtype == torch.float8_e4m3fn or v.dtype == torch.float8_e4m3fn:
+        if k.dtype != v.dtype or k_scale is None or v_scale is None or grad:
+            raise ValueError(
+                "FP8 k/v need both in E4M3 with k_scale and v_scale, and no autograd (a KV cache)"
+            )
+        return _forward(q, k, v, nvis, float(scale), k_scale.float(), v_scale.float())[0]
+    if grad:
         return _ExactAttention.apply(q, k, v, nvis, float(scale))
     return _forward(q, k, v, nvis, float(scale))[0]

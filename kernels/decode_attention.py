@@ -19,15 +19,15 @@ cache every step, build a ``[B, 1, Lq, capacity]`` mask and run cuDNN SDPA over 
 ``decode_attention_reference`` is the float64 truth (CPU tests, GPU tests) and the CPU path.
 ``set_enabled`` switches the decoder's dispatch (``use_decode_attention``) process-wide.
 
-**Off by default: faster, but it breaks fast-mode parity** (H200, 2026-12-02,
-``benchmarks/results/issue14/decode-attention-h200.md``). Llama-3.1-8B decode at gen 512 went
-5,885 → 6,570 tok/s (BF16, batch 64) and 13,839 → 17,227 (batch 256); the kernel reads a BF16
-cache at 74–98 % of HBM bandwidth, 1.3–2.2× the SDPA path, and an FP8 cache 9–18× faster than
-dequantize + SDPA. But the engine's logprobs then round differently from the trainer's SDPA
-forward: the fast-mode token_mult_prob_error went from 1.00000000 to 1.00255701 (tiny-llama,
-bound 1.00252703) and 1.02872759 (small-llama, bound 1.02448287), over the issue's "no worse
-than before" bounds of ``tests/gpu/test_parity_gpu.py``. ``set_enabled(True)`` (or
-``benchmarks/rollout.py --decode-attn on``) trades that mismatch for the speed.
+**Off by default: it breaks fast-mode parity** (H200, 2026-12-02,
+``benchmarks/results/issue14/decode-attention-h200.md``). Its split-KV merge rounds differently
+from the trainer's attention: the fast-mode token_mult_prob_error went from 1.00000000 to
+1.00255701 (tiny-llama) and 1.02872759 (small-llama), over the issue's "no worse than before"
+bounds of ``tests/gpu/test_parity_gpu.py``. Since 2026-12-04 the fast mode's default attention
+is the invariant kernel (``attention_exact_triton``), which also reads the cache in place and is
+bitwise the trainer's; this kernel is 1.1-1.3× faster than that at batch 64-256 on a BF16 cache
+and up to 1.3× on an FP8 one (``benchmarks/decode_attention.py``). ``set_enabled(True)`` (or
+``benchmarks/rollout.py --decode-attn on``) trades the mismatch for that speed.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ _ENABLED = [False]
 
 def set_enabled(on: bool) -> bool:
     """Let the fast path's decode steps run ``decode_attention`` (process-wide); returns the
-    previous setting. Off (the default, module doc: fast-mode parity): the whole cache is
-    dequantized and attended with SDPA. Exact mode never uses the kernel."""
+    previous setting. Off (the default, module doc: fast-mode parity): the decoder's
+    ``invariant.attention`` runs. Exact mode never uses the kernel."""
     previous, _ENABLED[0] = _ENABLED[0], bool(on)
     return previous
 

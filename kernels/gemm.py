@@ -23,6 +23,9 @@ with the scales folded into the operands is *not*: measured, 1-row and 64-row re
 **GPU.** ``torch.nn.functional.scaled_mm`` (cuBLASLt, BlockWise1x128 / BlockWise128x128, Hopper
 only; both scale tensors outer-dim-major, see ``scaled_mm_scales``), DeepGEMM when importable, and
 the Triton kernel of ``gemm_triton.py`` for ``exact=True`` and every shape the libraries refuse.
+The decode-size kernel (``gemm_decode_triton``) takes FProp up to M = 256: in fast mode at its
+measured parity-safe rows, in exact mode at every such M (``exact_config``, rows bitwise the
+fixed-tile kernel's).
 The backend name is ``backend.kernel_backend`` (checked at the start of a run). Refusals are
 remembered per shape class so a refused shape costs one exception per process.
 """
@@ -243,18 +246,19 @@ def _library_gemm(
         return None
 
 
-def _decode_sized(a: QuantizedTensor, b: QuantizedTensor) -> bool:
-    """Fast-path FProp shapes the decode kernel takes: 1×128 · 128×128 (weight K-contiguous) at
-    an (M bucket, N, K) ``decode_wins`` gives to it (by default only the measured parity-safe
-    rows, bitwise the ``scaled_mm`` rows the trainer computes)."""
-    from fp8rl.kernels.gemm_decode_triton import decode_wins
+def _decode_sized(a: QuantizedTensor, b: QuantizedTensor, exact: bool) -> bool:
+    """FProp shapes the decode kernel takes: 1×128 · 128×128 (weight K-contiguous). Fast mode:
+    at an (M bucket, N, K) ``decode_wins`` gives to it (by default only the measured parity-safe
+    rows, bitwise the ``scaled_mm`` rows the trainer computes); exact mode: up to
+    ``gemm_decode_triton.MAX_TABLE_ROWS`` rows (``exact_config``: bitwise the fixed-tile rows)."""
+    from fp8rl.kernels import gemm_decode_triton as dec
 
-    return (
-        a.block == (1, GROUP)
-        and b.block == (GROUP, GROUP)
-        and b.codes.stride(-1) == 1
-        and decode_wins(a.shape[0], b.shape[0], a.shape[1])
-    )
+    if a.block != (1, GROUP) or b.block != (GROUP, GROUP) or b.codes.stride(-1) != 1:
+        return False
+    m, k = a.shape
+    if exact:
+        return m <= dec.MAX_TABLE_ROWS
+    return dec.decode_wins(m, b.shape[0], k)
 
 
 def fp8_gemm(
@@ -267,8 +271,8 @@ def fp8_gemm(
         b: ``[N, K]`` with block (1,128) or (128,128) (for a 128×1 tensor pass ``q.t()``).
         out_dtype: result dtype (bfloat16/float32; the CPU emulation takes any float dtype).
         exact: batch-invariant mode: a row's result is bitwise independent of the other rows
-            (Triton, fixed tiles, no split-K on CUDA; the CPU emulation is always exact). The
-            fast mode runs the decode-size kernel where its tuned table has a parity-safe row
+            (Triton, fixed tiles, no split-K on CUDA, the decode kernel's bitwise-equal
+            ``exact_config`` up to M = 256; the CPU emulation is always exact). The fast mode runs the decode-size kernel where its tuned table has a parity-safe row
             that beat ``scaled_mm`` (``gemm_decode_triton.decode_wins``: its rows are bitwise
             the library's at the trainer's M), the library or tiled Triton kernel elsewhere.
     Returns:
@@ -284,10 +288,11 @@ def fp8_gemm(
     lead = a.shape[:-1]
     a2 = _flatten(a)
     out = None
-    if not exact and triton_available() and _decode_sized(a2, b):
+    if triton_available() and _decode_sized(a2, b, exact):
         from fp8rl.kernels import gemm_decode_triton
 
-        out = gemm_decode_triton.fp8_gemm_decode(a2, b, out_dtype=out_dtype)[0]
+        config = gemm_decode_triton.exact_config(*a2.shape, b.shape[0]) if exact else None
+        out = gemm_decode_triton.fp8_gemm_decode(a2, b, out_dtype=out_dtype, config=config)[0]
     if out is None and not exact:
         if deepgemm_available():
             out = _library_gemm("deepgemm", a2, b, out_dtype)

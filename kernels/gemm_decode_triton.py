@@ -14,8 +14,8 @@ Design notes
 * **Split-K without atomics on the data.** Each K split writes its float32 partial tile to a
   workspace, then bumps a per-tile counter; the program that arrives last sums the partials in
   split order (0, 1, …) and writes the output, then resets the counter. The sum order is fixed,
-  so results are deterministic run to run (not batch-invariant: exact mode never runs this
-  kernel). The counters live in one zeroed buffer per device that every call leaves zeroed,
+  so results are deterministic run to run (not batch-invariant: exact mode never runs
+  split-K). The counters live in one zeroed buffer per device that every call leaves zeroed,
   which also makes the kernel CUDA-graph safe; calls must not run concurrently on two streams.
 * **Config.** ``decode_config(m, n, k)`` looks the (M bucket, N, K) up in the table tuned on the
   H200 (``fp8_gemm_decode_table.json``) and falls back to a heuristic that aims at two programs
@@ -52,8 +52,14 @@ Design notes
   token_mult_prob_error 1.0041 tiny-llama / 1.0344 small-llama with them) and the untuned
   ``MIN_DECODE_ROWS ≤ M ≤ MAX_DECODE_ROWS`` rule run only after ``set_enabled(True)``; the fused
   prologue too. ``set_parity_safe(False)`` turns the default rows off (benchmark baseline).
-  Exact mode never runs this kernel. Results: ``benchmarks/results/issue14/decode-gemm-parity-safe.md``
+  Exact mode runs its own rows (below). Results: ``benchmarks/results/issue14/decode-gemm-parity-safe.md``
   and the 2026-12-03 night section of ``benchmarks/results/issue14-h200.md``.
+* **Exact mode** (since 2026-12-04) runs this kernel up to M = 256 with ``exact_config``: a
+  ``keeps_k_order`` row of the table for the shape (measured bitwise, faster than the library
+  or not), else ``EXACT_DEFAULT``. Those rows are bitwise the fixed-tile kernel's rows at any M
+  (``tests/fp8_kernels/test_exact_decode_gemm_gpu.py``, every 8B/7B shape and one without a
+  table row, M = 1-256 against M = 4096), so the batch invariance holds; the exact 8-layer
+  decode at batch 64 went from 24,014 to 28,018 tok/s with it (fast mode: 40,244).
 * **Prologue quant (only after ``set_enabled(True)``).** The prologue quantization is repeated
   by every N tile of a row block, which is free at M ≤ 16 but dominates from M = 64 on
   (0.1-0.4× BF16 there), so ``fp8_linear`` takes the fused-prologue kernel only for the
@@ -189,13 +195,48 @@ def _parity_safe_table() -> dict[tuple[int, int, int], DecodeConfig]:
     return safe
 
 
+EXACT_DEFAULT = DecodeConfig(
+    block_m=64, block_n=64, split_k=1, num_warps=4, num_stages=4, scale_ahead=1, k_trip=2
+)
+"""Exact mode's config for shapes the table has no parity-safe row for (``keeps_k_order``)."""
+
+
+@functools.cache
+def _exact_table() -> dict[tuple[int, int, int], DecodeConfig]:
+    """Every measured-bitwise ``keeps_k_order`` row of the table, faster than the library or
+    not (exact mode compares with its fixed-tile kernel, which is slower at these M)."""
+    rows = {}
+    for r in _table_json().get("parity_safe", []):
+        cfg = _config(r)
+        if r.get("parity_safe") and cfg.keeps_k_order:
+            rows[(r["m"], r["n"], r["k"])] = cfg
+    return rows
+
+
+def exact_config(m: int, n: int, k: int) -> DecodeConfig | None:
+    """The decode-kernel config exact mode runs for an ``[m, k]`` FP8 activation times an
+    ``[n, k]`` weight, or None (M above ``MAX_TABLE_ROWS``: the fixed-tile kernel).
+
+    Exact mode's rows must be bitwise the same at every M. The fixed-tile kernel
+    (``gemm_triton.EXACT_CONFIG``, 64-row wgmma tiles) and a ``keeps_k_order`` config of this
+    kernel compute an output the same way: each 128-wide K block's wgmma product times
+    ``sa·sb``, added in K order in float32 (``k_trip`` and ``scale_ahead`` keep that order).
+    Checked bitwise on the H200 for the 8B/7B shapes at M = 1-256 against the fixed-tile
+    kernel's rows at M = 4096 (``tests/fp8_kernels/test_exact_decode_gemm_gpu.py``); the decode
+    kernel is 2-3× faster at M = 64 (2026-12-04).
+    """
+    if m > MAX_TABLE_ROWS:
+        return None
+    return _exact_table().get((m_bucket(m), n, k), EXACT_DEFAULT)
+
+
 def set_enabled(on: bool) -> bool:
     """Let the fast path dispatch to every tuned row (split-K, the prologue, the untuned row
     range; process-wide); returns the previous setting.
 
     Off by default: those rows are not bitwise the trainer's ``scaled_mm`` FProp, so they raise
     the fast-mode rollout/trainer mismatch (module doc). With it off the default path still runs
-    the measured parity-safe rows (``set_parity_safe``). Exact mode never uses this kernel.
+    the measured parity-safe rows (``set_parity_safe``). Exact mode runs ``exact_config``.
     """
     previous, _ENABLED[0] = _ENABLED[0], bool(on)
     return previous

@@ -23,8 +23,9 @@ argument): a row's bits still depend only on that row, so the engine (prefill, d
 cache) and the trainer agree bitwise on the GPU, as the float64 paths make them agree on CPU.
 GPU and CPU results are not bitwise equal to each other.
 
-The fast (``exact=False``) paths use the usual fused kernels (SDPA, BF16 GEMM, fp32 softmax) and
-are the ones to use on GPU for speed. Their RMSNorm and SiLU·mul are ``fused.rms_norm_fast`` /
+The fast (``exact=False``) paths use the usual fused kernels (BF16 GEMM, fp32 softmax) and are
+the ones to use on GPU for speed. Their attention on CUDA is exact mode's invariant Triton kernel
+by default (``set_fast_attention``; SDPA before 2026-12-04, and off CUDA). Their RMSNorm and SiLU·mul are ``fused.rms_norm_fast`` /
 ``silu_mul_fast``: on CUDA the Triton arithmetic of the rollout engine's fused norm/SwiGLU-quant
 kernels, so the trainer's FP8 FProp input has the codes the engine computed.
 """
@@ -38,6 +39,8 @@ from torch import Tensor
 from fp8rl.kernels.backend import triton_available
 from fp8rl.kernels.dense_exact import MIN_ELEMENTS, DeferredWeightGrad, exact_dense_linear
 from fp8rl.kernels.fused import rms_norm_fast, silu_mul_fast
+from fp8rl.kernels.kv import kv_dequantize
+from fp8rl.kernels.quant import FP8_DTYPE
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, *, exact: bool = False) -> Tensor:
@@ -123,39 +126,88 @@ def float64_inside(fn, x: Tensor) -> bool:
     return not (fn in (attention, rms_norm, silu_mul) and triton_exact(x))
 
 
+_FAST_ATTENTION = ["triton"]
+"""The fast mode's attention on CUDA: "triton" (the invariant kernel) or "sdpa" (see
+``set_fast_attention``)."""
+
+
+def set_fast_attention(kernel: str) -> str:
+    """Choose the fast (``exact=False``) mode's attention on CUDA, process-wide; returns the
+    previous choice.
+
+    "triton" (the default): the invariant Triton flash attention that exact mode runs
+    (``attention_exact_triton``). The engine's prefill and every decode step then compute each
+    row as the trainer's forward does, bitwise, and an FP8 KV cache is read in place. "sdpa":
+    ``F.scaled_dot_product_attention`` with the mask (the fast path before 2026-12-04; an FP8
+    cache is first dequantized whole), kept for A/B benchmarks.
+
+    Raises:
+        ValueError: ``kernel`` is neither.
+    """
+    if kernel not in ("triton", "sdpa"):
+        raise ValueError(f"fast attention kernel {kernel!r} is not 'triton' or 'sdpa'")
+    previous, _FAST_ATTENTION[0] = _FAST_ATTENTION[0], kernel
+    return previous
+
+
+def triton_attention(x: Tensor, *, exact: bool) -> bool:
+    """Whether ``attention`` on queries like ``x`` runs the invariant Triton kernel (then it
+    needs ``q_pos``/``k_len``, not a mask, and reads an FP8 cache in place)."""
+    return triton_exact(x) and (exact or _FAST_ATTENTION[0] == "triton")
+
+
 def attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    mask: Tensor,
+    mask: Tensor | None,
     *,
     scale: float,
     exact: bool = False,
     q_pos: Tensor | None = None,
     k_len: Tensor | None = None,
+    k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
 ) -> Tensor:
     """Masked multi-head attention with grouped KV heads (GQA).
 
     Args:
-        q: [B, H, Lq, D]; k, v: [B, Hkv, Lk, D] with H a multiple of Hkv; compute dtype.
-        mask: [B, 1, Lq, Lk] bool, True = visible (every query must see at least one key).
+        q: [B, H, Lq, D] compute dtype.
+        k, v: [B, Hkv, Lk, D] with H a multiple of Hkv; compute dtype, or FP8 E4M3 codes of a KV
+            cache with ``k_scale``/``v_scale`` (0-d float32; ``kv.kv_dequantize``'s values).
+        mask: [B, 1, Lq, Lk] bool, True = visible (every query must see at least one key); may be
+            None when ``q_pos`` and ``k_len`` are given (it is then built where needed).
         scale: softmax scale (usually D**-0.5).
-        exact: batch- and length-invariant: on CUDA (BF16/FP16) the Triton flash attention of
-            ``attention_exact_triton`` (which needs ``mask`` to be a prefix per query row, the
-            form ``attention_mask`` builds); elsewhere float64 scores/softmax/PV rounded once.
-        q_pos, k_len: optional [B, Lq] positions and [B] key counts ``mask`` was built from
-            (``attention_mask``); on the Triton path they replace reading the mask.
+        exact: batch- and length-invariant everywhere: float64 scores/softmax/PV rounded once
+            off CUDA. On CUDA (BF16/FP16) exact mode, and fast mode by default
+            (``set_fast_attention``), run the invariant Triton flash attention of
+            ``attention_exact_triton`` (it needs the mask to be a prefix per query row, the form
+            ``attention_mask`` builds); fast mode elsewhere runs SDPA.
+        q_pos, k_len: [B, Lq] positions and [B] key counts the mask is built from
+            (``attention_mask``); the Triton path reads these instead of the mask.
     Returns:
         [B, H, Lq, D] in q.dtype.
+    Raises:
+        ValueError: neither a mask nor ``q_pos``/``k_len``; FP8 k/v without scales.
     """
-    if exact and triton_exact(q):
+    if triton_attention(q, exact=exact):
         from fp8rl.kernels.attention_exact_triton import exact_attention
 
         if q_pos is not None and k_len is not None:
             n_visible = torch.minimum(q_pos + 1, k_len[:, None])
-        else:
+        elif mask is not None:
             n_visible = mask[:, 0].sum(-1)
-        return exact_attention(q, k, v, n_visible, scale=scale)
+        else:
+            raise ValueError("attention needs a mask or q_pos and k_len")
+        return exact_attention(q, k, v, n_visible, scale=scale, k_scale=k_scale, v_scale=v_scale)
+    if k.dtype == FP8_DTYPE:
+        if k_scale is None or v_scale is None:
+            raise ValueError("FP8 k/v need k_scale and v_scale")
+        k, v = kv_dequantize(k, k_scale, q.dtype), kv_dequantize(v, v_scale, q.dtype)
+    if mask is None:
+        if q_pos is None or k_len is None:
+            raise ValueError("attention needs a mask or q_pos and k_len")
+        mask = attention_mask(q_pos, k_len, k.shape[2])
     groups = q.shape[1] // k.shape[1]
     if not exact:
         # GQA without copying K/V: fold each KV head's query group into the query axis.

@@ -79,6 +79,49 @@ def test_prefix_keyword_arguments_match_the_mask():
     assert torch.equal(a, kw)
 
 
+@pytest.mark.parametrize("exact", [True, False])
+def test_fp8_cache_read_in_place_gives_the_round_tripped_rows_bitwise(exact):
+    """The engine's FP8 KV cache, read in place, against the trainer's kv_round_trip keys."""
+    from fp8rl.kernels.kv import kv_quantize, kv_round_trip, kv_scale_from_amax
+
+    b, h, hkv, length, d = 3, 32, 8, 150, 128
+    q, k, v = _qkv(b, h, hkv, length, length, seed=5)
+    ks, vs = kv_scale_from_amax(k.abs().amax()), kv_scale_from_amax(v.abs().amax())
+    pos = torch.arange(length, device=CUDA).expand(b, length)
+    k_len = torch.tensor([length, 97, length], device=CUDA)
+    kt, vt = kv_round_trip(k, ks, BF16), kv_round_trip(v, vs, BF16)
+    full = attention(q, kt, vt, None, scale=d**-0.5, exact=exact, q_pos=pos, k_len=k_len)
+    capacity = length + 70
+    kc = torch.zeros(b, hkv, capacity, d, device=CUDA, dtype=torch.float8_e4m3fn)
+    vc = torch.zeros_like(kc)
+    kc[:, :, :length], vc[:, :, :length] = kv_quantize(k, ks), kv_quantize(v, vs)
+    for p in (0, 63, 64, 96, length - 1):
+        qp = pos[:, p : p + 1]
+        step = attention(
+            q[:, :, p : p + 1], kc, vc, None, scale=d**-0.5, exact=exact, q_pos=qp, k_len=k_len,
+            k_scale=ks, v_scale=vs,
+        )  # fmt: skip
+        assert torch.equal(step, full[:, :, p : p + 1]), p
+
+
+def test_fast_mode_runs_the_invariant_kernel_unless_sdpa_is_chosen():
+    from fp8rl.kernels.invariant import set_fast_attention
+
+    b, h, hkv, length, d = 2, 8, 2, 200, 128
+    q, k, v = _qkv(b, h, hkv, length, length, seed=6)
+    pos = torch.arange(length, device=CUDA).expand(b, length)
+    k_len = torch.tensor([length, 120], device=CUDA)
+    mask = attention_mask(pos, k_len, length)
+    exact = attention(q, k, v, mask, scale=d**-0.5, exact=True)
+    assert torch.equal(attention(q, k, v, mask, scale=d**-0.5, exact=False), exact)
+    previous = set_fast_attention("sdpa")
+    try:
+        sdpa = attention(q, k, v, mask, scale=d**-0.5, exact=False)
+    finally:
+        set_fast_attention(previous)
+    torch.testing.assert_close(sdpa, exact, atol=4e-3, rtol=2e-2)  # same math, other rounding
+
+
 def test_forward_is_close_to_float64_attention():
     b, h, hkv, length, d = 2, 8, 2, 513, 128
     q, k, v = _qkv(b, h, hkv, length, length, seed=3)

@@ -86,3 +86,40 @@ def test_the_one_kernel_draw_follows_the_torch_draw_at_a_real_vocabulary():
     freq = torch.bincount(draw(probs.log().expand(n, 4), u, temperature=1.0), minlength=4) / n
     assert freq[1] == 0
     assert torch.allclose(freq.cpu(), torch.tensor([0.2, 0.0, 0.5, 0.3]), atol=0.005)
+
+
+@pytest.mark.parametrize("kv_fp8", [False, True])
+def test_kept_graphs_decode_with_the_weights_of_the_moment(kv_fp8):
+    """Graphs kept from an earlier ``generate`` read weights updated in place since then."""
+    precision = LayerPrecision(
+        dtype=torch.bfloat16, fp8=True, quant=QuantConfig(), exact=False, trainable=False,
+        kv_fp8=kv_fp8,
+    )  # fmt: skip
+
+    def build(seed):
+        model = build_decoder(
+            CONFIG, precision, state_dict=None, max_positions=512, param_dtype=torch.bfloat16,
+            device="cuda", seed=seed,
+        )  # fmt: skip
+        if kv_fp8:
+            for layer in model.model.layers:
+                layer.self_attn.k_scale.fill_(2.0**-5 * (1 + seed))
+                layer.self_attn.v_scale.fill_(2.0**-6 * (1 + seed))
+        return model
+
+    model, other = build(0), build(1)
+    sampling = SamplingParams(n=2, max_tokens=120, temperature=1.0, seed=3)
+    prompts = [[1, 5, 9, 200], [1, 7], [1, 300, 301, 302, 303]]
+    engine = NativeEngine(model, eos_token_ids=[], max_batch_size=64, cuda_graphs=True)
+    before = engine.generate(prompts, sampling)
+    kept = engine._graphs
+    with torch.no_grad():  # a weight update: every engine tensor overwritten in place
+        for mine, new in zip(model.state_dict().values(), other.state_dict().values(), strict=True):
+            mine.copy_(new)
+    after = engine.generate(prompts, sampling)
+    assert engine._graphs is kept  # no new capture
+    fresh = NativeEngine(model, eos_token_ids=[], max_batch_size=64, cuda_graphs=True)
+    expected = fresh.generate(prompts, sampling)
+    tokens = lambda out: [g.token_ids for group in out for g in group]  # noqa: E731
+    assert tokens(after) == tokens(expected) != tokens(before)
+    assert [g.logprobs for gr in after for g in gr] == [g.logprobs for gr in expected for g in gr]

@@ -94,3 +94,41 @@ def test_graph_mode_loop_gives_the_eager_loops_generations(
             assert g.token_ids == e.token_ids
             assert g.logprobs == e.logprobs
             assert g.finish_reason == e.finish_reason
+
+
+def test_kept_graphs_serve_the_next_call_of_their_shape_and_are_replaced_for_another(monkeypatch):
+    precision = LayerPrecision(dtype=torch.bfloat16, fp8=False, exact=True, trainable=False)
+    model = build_decoder(
+        CONFIG, precision, state_dict=None, max_positions=64, param_dtype=torch.bfloat16, seed=3
+    )
+    made = []
+
+    def factory(*args):
+        made.append(_EagerSteps(*args))
+        return made[-1]
+
+    monkeypatch.setattr(engine_module, "GraphDecoder", factory)
+
+    def engine():
+        e = NativeEngine(model, eos_token_ids=EOS, max_batch_size=16)
+        e.cuda_graphs = True
+        return e
+
+    def sampling(**kw):
+        return SamplingParams(**{"n": 2, "max_tokens": 20, "temperature": 1.0, "seed": 5, **kw})
+
+    kept = engine()
+    kept.generate(PROMPTS, sampling())
+    second = kept.generate(PROMPTS[::-1], sampling(seed=9))  # same rows and capacity
+    assert len(made) == 1
+    fresh = engine().generate(PROMPTS[::-1], sampling(seed=9))
+    assert len(made) == 2
+    for a, b in zip(second, fresh, strict=True):  # the reused cache holds this call's prompts
+        assert [g.token_ids for g in a] == [g.token_ids for g in b]
+        assert [g.logprobs for g in a] == [g.logprobs for g in b]
+    kept.generate(PROMPTS, sampling(temperature=0.7))  # another captured sampling: new graphs
+    kept.generate(PROMPTS[:2], sampling(temperature=0.7))  # fewer rows: new graphs
+    assert len(made) == 4 and kept._graphs is made[-1]
+    kept.drop_graphs()
+    kept.generate(PROMPTS[:2], sampling(temperature=0.7))
+    assert len(made) == 5

@@ -3,6 +3,7 @@ engine and trainer stay bitwise with each other), with the new optional argument
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from fp8rl.kernels.invariant import (
@@ -32,3 +33,30 @@ def test_cpu_exact_ops_still_run_in_float64_and_are_recomputed():
     w = torch.ones(8)
     ref = (x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
     assert torch.equal(rms_norm(x, w, 1e-6, exact=True), ref)
+
+
+def test_fp8_cache_codes_attend_like_their_dequantized_values_on_cpu():
+    from fp8rl.kernels.kv import kv_dequantize, kv_quantize, kv_scale_from_amax
+
+    torch.manual_seed(1)
+    q, k, v = torch.randn(2, 4, 3, 8), torch.randn(2, 2, 9, 8), torch.randn(2, 2, 9, 8)
+    ks, vs = kv_scale_from_amax(k.abs().amax()), kv_scale_from_amax(v.abs().amax())
+    kc, vc = kv_quantize(k, ks), kv_quantize(v, vs)
+    pos, k_len = torch.tensor([[4, 5, 6], [0, 1, 2]]), torch.tensor([7, 3])
+    for exact in (True, False):
+        codes = attention(
+            q, kc, vc, None, scale=8**-0.5, exact=exact, q_pos=pos, k_len=k_len,
+            k_scale=ks, v_scale=vs,
+        )  # fmt: skip
+        mask = attention_mask(pos, k_len, 9)
+        deq = (kv_dequantize(kc, ks, q.dtype), kv_dequantize(vc, vs, q.dtype))
+        assert torch.equal(codes, attention(q, *deq, mask, scale=8**-0.5, exact=exact))
+
+
+def test_attention_without_a_mask_or_positions_or_fp8_scales_is_refused():
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
+    with pytest.raises(ValueError, match="mask or q_pos"):
+        attention(q, k, k, None, scale=1.0)
+    codes = k.to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="k_scale"):
+        attention(q, codes, codes, None, scale=1.0, q_pos=torch.zeros(1, 3), k_len=torch.ones(1))

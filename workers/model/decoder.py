@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from fp8rl.kernels.backend import triton_available
 from fp8rl.kernels.decode_attention import decode_attention, use_decode_attention
 from fp8rl.kernels.dense_exact import DeferredWeightGrad
 from fp8rl.kernels.fused import add_rms_norm_quant, silu_mul_quant
@@ -36,10 +37,10 @@ from fp8rl.kernels.invariant import (
     rms_norm,
     rope_table,
     silu_mul,
+    triton_attention,
 )
 from fp8rl.kernels.kv import (
     check_kv_scale,
-    kv_dequantize,
     kv_round_trip,
     kv_scale_from_amax,
 )
@@ -87,9 +88,15 @@ class KVCache:
         """Positions each sequence can hold."""
         return self.k[0].shape[2]
 
-    def select(self, index: Tensor) -> KVCache:
-        """A cache holding only the sequences ``index`` (e.g. to replicate a prefill n times)."""
-        return KVCache([_rows(k, index) for k in self.k], [_rows(v, index) for v in self.v])
+    def select(self, index: Tensor, out: KVCache | None = None) -> KVCache:
+        """A cache holding only the sequences ``index`` (e.g. to replicate a prefill n times);
+        written into ``out``'s tensors in place when given (``len(index)`` rows, this capacity).
+        """
+        if out is None:
+            return KVCache([_rows(k, index) for k in self.k], [_rows(v, index) for v in self.v])
+        for src, dst in zip(self.k + self.v, out.k + out.v, strict=True):
+            _rows(src, index, dst)
+        return out
 
 
 class RMSNorm(nn.Module):
@@ -168,7 +175,7 @@ class Attention(nn.Module):
     ) -> Tensor:
         """``forward`` from the 1×128 codes of the normed input, through the fused q/k/v GEMM."""
         b, length, _ = xq.shape
-        qkv = fp8_gemm(xq, self.fused_qkv, out_dtype=dtype)
+        qkv = fp8_gemm(xq, self.fused_qkv, out_dtype=dtype, exact=self.exact)
         if self.q_proj.bias is not None:
             qkv = qkv + torch.cat([p.bias for p in self.projections()]).to(dtype)
         nq, nk = self.heads * self.head_dim, self.kv_heads * self.head_dim
@@ -210,26 +217,24 @@ class Attention(nn.Module):
     def _attend_cache(self, q, cache, positions, k_len, mask) -> Tensor:
         """Attention of rotated queries [B, H, L, D] over the cache, then o_proj."""
         k_cache, v_cache = cache
-        b, _, length, _ = q.shape
-        if use_decode_attention(q, self.kv_heads, exact=self.exact):  # split-KV, cache in place
-            scales = (self.k_scale, self.v_scale) if self.kv_fp8 else (None, None)
+        scales = (self.k_scale, self.v_scale) if self.kv_fp8 else (None, None)
+        if use_decode_attention(q, self.kv_heads, exact=self.exact):  # opt-in split-KV kernel
+            b, _, length, _ = q.shape
             out = decode_attention(
                 q, k_cache, v_cache, positions, k_len, scale=self.head_dim**-0.5,
                 k_scale=scales[0], v_scale=scales[1],
             )  # fmt: skip
             return self.o_proj(out.transpose(1, 2).reshape(b, length, -1))
-        k, v = k_cache, v_cache
-        if self.kv_fp8:
-            k = kv_dequantize(k, self.k_scale, q.dtype)
-            v = kv_dequantize(v, self.v_scale, q.dtype)
-        return self._attention(q, k, v, positions, k_len, mask)
+        return self._attention(q, k_cache, v_cache, positions, k_len, mask, *scales)
 
-    def _attention(self, q, k, v, positions, k_len, mask) -> Tensor:
-        """Masked attention of q [B, H, L, D] over k/v [B, Hkv, Lk, D], then o_proj."""
+    def _attention(self, q, k, v, positions, k_len, mask, k_scale=None, v_scale=None) -> Tensor:
+        """Masked attention of q [B, H, L, D] over k/v [B, Hkv, Lk, D] (FP8 cache codes with
+        their scales: read in place or dequantized, ``invariant.attention``), then o_proj."""
         b, _, length, _ = q.shape
-        if mask is None:
-            mask = attention_mask(positions, k_len, k.shape[2])
-        out = recomputed(attention, q, k, v, mask, scale=self.head_dim**-0.5, exact=self.exact)
+        out = recomputed(
+            attention, q, k, v, mask, scale=self.head_dim**-0.5, exact=self.exact,
+            q_pos=positions, k_len=k_len, k_scale=k_scale, v_scale=v_scale,
+        )  # fmt: skip
         return self.o_proj(out.transpose(1, 2).reshape(b, length, self.heads * self.head_dim))
 
     def _check_and_observe(self, k: Tensor, v: Tensor) -> None:
@@ -258,10 +263,11 @@ def capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def _rows(cache: Tensor, index: Tensor) -> Tensor:
+def _rows(cache: Tensor, index: Tensor, out: Tensor | None = None) -> Tensor:
     if cache.dtype == torch.float8_e4m3fn:  # no FP8 index_select on CPU: move bytes
-        return cache.view(torch.uint8).index_select(0, index).view(cache.dtype)
-    return cache.index_select(0, index)
+        dst = None if out is None else out.view(torch.uint8)
+        return torch.index_select(cache.view(torch.uint8), 0, index, out=dst).view(cache.dtype)
+    return torch.index_select(cache, 0, index, out=out)
 
 
 class MLP(nn.Module):
@@ -289,7 +295,7 @@ class MLP(nn.Module):
     def forward_quantized(self, xq: QuantizedTensor, dtype: torch.dtype) -> Tensor:
         """``forward`` from the 1×128 codes of the normed input: fused gate/up GEMM, then
         SiLU·mul fused with down_proj's 1×128 quantization."""
-        gate_up = fp8_gemm(xq, self.fused_gate_up, out_dtype=dtype)
+        gate_up = fp8_gemm(xq, self.fused_gate_up, out_dtype=dtype, exact=self.exact)
         inter = self.gate_proj.out_features
         act = silu_mul_quant(
             gate_up[..., :inter],
@@ -297,7 +303,7 @@ class MLP(nn.Module):
             scale_format=self.down_proj.scale_format,
             check_finite=self.down_proj.check_finite,
         )
-        return fp8_gemm(act, self.down_proj.quantized_weight(), out_dtype=dtype)
+        return fp8_gemm(act, self.down_proj.quantized_weight(), out_dtype=dtype, exact=self.exact)
 
 
 class Block(nn.Module):
@@ -327,13 +333,18 @@ class Block(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
     def fused_ready(self) -> bool:
-        """True when the fused inference path may run: fast mode, no autograd, fused FP8
-        weights still backing the projections (``fuse_quantized_linears``)."""
+        """True when the fused inference path may run: no autograd, fused FP8 weights still
+        backing the projections (``fuse_quantized_linears``). Exact mode too: the fused
+        norm/SwiGLU-quant kernels are the Triton arithmetic of the trainer's RMSNorm / SiLU·mul
+        and quantizer, row by row, and its GEMMs run ``exact`` (N-concatenated weights change
+        no column's sum: tiles are aligned to the 128-row blocks). Not exact mode off CUDA, whose
+        norm and SiLU are float64."""
         attn, mlp = self.self_attn, self.mlp
+        codes = getattr(mlp.down_proj, "weight_codes", None)
         return (
             not torch.is_grad_enabled()
-            and not mlp.exact
-            and getattr(mlp.down_proj, "weight_codes", None) is not None
+            and codes is not None
+            and (not mlp.exact or (codes.is_cuda and triton_available()))  # float64 off CUDA
             and getattr(attn.o_proj, "weight_codes", None) is not None
             and still_fused(attn.fused_qkv, attn.projections())
             and still_fused(mlp.fused_gate_up, [mlp.gate_proj, mlp.up_proj])
@@ -439,7 +450,9 @@ class Decoder(nn.Module):
             x = tied_embedding(input_ids, weight, tied_head).to(self.compute_dtype)
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         limit = None if cache is None else min(kv_limit or cache.capacity, cache.capacity)
-        mask = attention_mask(positions, k_len, input_ids.shape[1] if limit is None else limit)
+        mask = None  # the Triton attention reads positions and k_len instead
+        if not triton_attention(x, exact=self.precision.exact):
+            mask = attention_mask(positions, k_len, input_ids.shape[1] if limit is None else limit)
         pending = None  # the last fused block's MLP output, not yet added to x
         for i, layer in enumerate(self.model.layers):
             kv = None if cache is None else (cache.k[i][:, :, :limit], cache.v[i][:, :, :limit])
@@ -459,10 +472,8 @@ class Decoder(nn.Module):
         return self.model.norm(x)
 
     def fuse_projections(self) -> None:
-        """Fuse q/k/v and gate/up FP8 weights of inference blocks for the fast path (no-op for
-        trainable, dense or exact models). Call after the weights are frozen and placed."""
-        if self.precision.exact:
-            return
+        """Fuse q/k/v and gate/up FP8 weights of inference blocks for the fused inference path
+        (no-op for trainable or dense models). Call after the weights are frozen and placed."""
         for layer in self.model.layers:
             layer.self_attn.fuse()
             layer.mlp.fuse()

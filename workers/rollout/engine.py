@@ -66,6 +66,7 @@ class NativeEngine:
         self.max_batch_size = max_batch_size
         self.device = next(model.parameters(), model.rope_cos).device
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self._graphs: GraphDecoder | None = None  # kept across generate calls (``_graphs_for``)
         if self.device.type == "cuda":  # no per-GEMM NaN check (a host sync each) while decoding
             for module in model.modules():
                 if hasattr(module, "check_finite"):
@@ -114,10 +115,13 @@ class NativeEngine:
         ids = torch.zeros((len(prompts), width), dtype=torch.long, device=dev)
         for i, p in enumerate(prompts):
             ids[i, : len(p)] = torch.tensor(list(p), device=dev)
+        capacity = width + sp.max_tokens
+        if self.cuda_graphs:  # a bucketed capacity: the kept graphs serve the next calls too
+            capacity = -(-capacity // KV_BUCKET) * KV_BUCKET
         cache = KVCache.allocate(
             model.config,
             batch=len(prompts),
-            capacity=width + sp.max_tokens,
+            capacity=capacity,
             dtype=model.compute_dtype,
             device=dev,
             kv_fp8=model.precision.kv_fp8,
@@ -130,16 +134,34 @@ class NativeEngine:
         seeds = torch.tensor(
             [sequence_seed(s, j) for s in prompt_seeds for j in range(sp.n)], device=dev
         )
-        cache, last, pos = cache.select(rows), last[rows], lens[rows]
+        logits, pos = model.logits(last[rows]), lens[rows]
         gens = [Generation() for _ in range(len(rows))]
         pos_host = [len(prompts[i // sp.n]) for i in range(len(rows))]
         stop = self.eos | set(sp.stop_token_ids)
-        logits = model.logits(last)
         if self.cuda_graphs:
-            self._decode_graphs(cache, logits, pos, pos_host, seeds, sp, gens, stop)
+            graphs = self._graphs_for(cache, rows, sp)
+            del cache  # its rows are in the graphs' cache now
+            self._decode_graphs(graphs, logits, pos, pos_host, seeds, sp, gens, stop)
         else:
-            self._decode_eager(cache, logits, pos, pos_host, seeds, sp, gens, stop)
+            self._decode_eager(cache.select(rows), logits, pos, pos_host, seeds, sp, gens, stop)
         return [gens[i * sp.n : (i + 1) * sp.n] for i in range(len(prompts))]
+
+    def _graphs_for(self, prefill: KVCache, rows: Tensor, sp: SamplingParams) -> GraphDecoder:
+        """The decode graphs for a chunk, with the prefill's ``rows`` copied into their KV cache:
+        the kept ones when they serve its shape and sampling, else new ones (which replace them).
+        """
+        held = self._graphs
+        if held is not None and held.serves(len(rows), prefill.capacity, sp):
+            prefill.select(rows, out=held.cache)
+            return held
+        self._graphs = None  # free the old graphs' cache before allocating the new one
+        self._graphs = GraphDecoder(self.model, prefill.select(rows), len(rows), sp)
+        return self._graphs
+
+    def drop_graphs(self) -> None:
+        """Free the kept decode graphs and their KV cache (before giving memory away, or when
+        the model's tensors move: a graph holds their addresses)."""
+        self._graphs = None
 
     def _decode_eager(self, cache, logits, pos, pos_host, seeds, sp, gens, stop) -> None:
         """Draw, record, drop the finished rows (compaction), step the model; one host sync per
@@ -173,13 +195,12 @@ class NativeEngine:
             logits = model.logits(hidden[:, 0])
             pos, pos_host = pos + 1, [p + 1 for p in pos_host]
 
-    def _decode_graphs(self, cache, logits, pos, pos_host, seeds, sp, gens, stop) -> None:
+    def _decode_graphs(self, graphs, logits, pos, pos_host, seeds, sp, gens, stop) -> None:
         """Graph-mode decode: rows stay in place (finished ones marked -1 and ignored), each step
         is one graph replay (forward, lm_head, draw, logprob), and the host reads step t's tokens
         while the GPU runs step t + 1: the stop check lags one step, so the GPU never waits for
         the host; a step launched after every row finished is discarded."""
-        model, batch = self.model, len(gens)
-        graphs = GraphDecoder(model, cache, batch, sp)
+        model, batch, capacity = self.model, len(gens), graphs.cache.capacity
         uniforms = uniform_table(seeds, sp.max_tokens)
         tokens = draw(
             logits, uniforms[:, 0], temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p
@@ -203,7 +224,7 @@ class NativeEngine:
         active = list(range(batch))  # gens index of each row, -1 once finished
         for step in range(sp.max_tokens):
             if step + 1 < sp.max_tokens:  # launch the next step before reading this one
-                limit = min(cache.capacity, -(-(max(pos_host) + 1) // KV_BUCKET) * KV_BUCKET)
+                limit = min(capacity, -(-(max(pos_host) + 1) // KV_BUCKET) * KV_BUCKET)
                 tokens, logps = graphs(tokens, pos, uniforms[:, step + 1], limit)
                 to_host(step + 1, tokens, logps)
                 pos, pos_host = pos + 1, [p + 1 for p in pos_host]

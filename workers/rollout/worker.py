@@ -120,13 +120,14 @@ class RolloutWorker(RolloutBackend):
     def release_memory(self) -> None:
         """Give memory to the trainer beside this engine until ``resume_memory``.
 
-        CUDA: return the KV cache and CUDA-graph memory the last ``generate`` freed to the device
-        (PyTorch's caching allocator keeps it otherwise); the FP8 weights stay (graphs hold
-        their addresses). CPU (a hybrid engine in the trainer's process): free the weights'
+        CUDA: drop the decode graphs and KV cache the engine keeps between ``generate`` calls
+        and return that memory to the device (PyTorch's caching allocator keeps it otherwise);
+        the FP8 weights stay. CPU (a hybrid engine in the trainer's process): free the weights'
         storage too, since the next weight update overwrites every tensor of them; until one
         is applied, ``generate`` refuses to run.
         """
         if self.engine.device.type == "cuda":
+            self.engine.drop_graphs()
             torch.cuda.empty_cache()
             return
         self._released = self._released or release_storage(weight_tensors(self.model))
