@@ -152,8 +152,8 @@ def main() -> None:
         nargs="+",
         default=["off"],
         choices=["on", "off"],
-        help="split-KV decode attention kernel on and/or off (off, the default: dequantize + "
-        "SDPA; on breaks fast-mode parity, see kernels/decode_attention.py)",
+        help="split-KV decode attention kernel on and/or off (off, the default: the attention "
+        "--attention picks; on breaks fast-mode parity, see kernels/decode_attention.py)",
     )
     parser.add_argument(
         "--rope-kv",

@@ -331,7 +331,7 @@ def exact_attention(
     """
     _check(q, k, v, n_visible)
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
-    nvis = n_visible.to(torch.int32).contiguous()
+    nvis = n_visible.clamp(max=k.shape[2]).to(torch.int32).contiguous()  # only keys given
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if k.dtype == torch.float8_e4m3fn or v.dtype == torch.float8_e4m3fn:
         if k.dtype != v.dtype or k_scale is None or v_scale is None or grad:

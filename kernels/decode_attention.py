@@ -12,9 +12,10 @@ cache every step, build a ``[B, 1, Lq, capacity]`` mask and run cuDNN SDPA over 
   ``(batch, kv heads, capacity)``, so one captured CUDA graph serves every length below its
   ``kv_limit`` bucket;
 * the query heads of one KV head are the rows of one ``tl.dot`` (GQA), and the splits are
-  merged in a fixed order (deterministic, but **not** batch-invariant and not bitwise SDPA:
+  merged in a fixed order (deterministic, but **not** batch-invariant and not bitwise the
+  invariant attention:
   ``precision.exact`` never runs it, and in fast mode the engine's logprobs round differently
-  from the trainer's SDPA forward).
+  from the trainer's forward).
 
 ``decode_attention_reference`` is the float64 truth (CPU tests, GPU tests) and the CPU path.
 ``set_enabled`` switches the decoder's dispatch (``use_decode_attention``) process-wide.
@@ -71,7 +72,7 @@ def use_decode_attention(q: Tensor, kv_heads: int, *, exact: bool) -> bool:
     """Whether a cache step with query ``q`` [B, H, Lq, D] goes to the split-KV kernel: enabled,
     fast mode, CUDA, BF16/FP16 activations, no autograd, ``Lq ≤ DISPATCH_MAX_LQ``,
     ``(H / kv_heads) · Lq ≤ MAX_ROWS`` and D a power of two in 16…256 (prefill chunks and the
-    trainer stay on SDPA)."""
+    trainer stay on ``invariant.attention``)."""
     if exact or not _ENABLED[0] or not q.is_cuda or torch.is_grad_enabled():
         return False
     d = q.shape[-1]

@@ -7,7 +7,9 @@ pure-torch reference, the CPU truth). On the GPU the fast path's unfused ops are
 ``rms_norm_fast`` / ``silu_mul_fast`` (the same kernels without the quant step), so the fused codes
 are bitwise ``per_token_group_quant`` of what the trainer's forward computes; they differ from
 the torch references only by the mean-square summation order and ``exp``'s rounding. Exact mode
-does not use any of these: its norm and SiLU are float64.
+runs them too on CUDA in BF16/FP16, where its trainer's norm and SiLU are this same arithmetic
+(``invariant.rms_norm``/``silu_mul``); elsewhere its norm and SiLU are float64 and its engine
+runs the unfused ops.
 """
 
 from __future__ import annotations

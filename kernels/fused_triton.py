@@ -19,9 +19,10 @@ Design notes
   activation dtype, the gain multiply is done in that dtype, SiLU and the product are rounded to
   it. The mean square is summed in float64 and rounded once to float32, so it does not depend on
   how a compiled kernel distributes a row over threads (two float64 summation orders round to the
-  same float32 except within ~1e-16 of a float32 rounding boundary). Exact mode runs the unfused
-  ones on CUDA (``invariant.rms_norm``/``silu_mul``), for the same reasons; on CPU it keeps the
-  float64 invariant ops.
+  same float32 except within ~1e-16 of a float32 rounding boundary). Exact mode's trainer runs
+  the unfused ones on CUDA (``invariant.rms_norm``/``silu_mul``) and its engine these fused ones
+  (BF16/FP16; ``Block.fused_ready``), for the same reasons; on CPU it keeps the float64
+  invariant ops.
 * A row is handled whole by one program (``H`` padded to a power of two), so results do not
   depend on the number of rows.
 * Scales are written M-major (``[groups, rows]`` storage), the layout of

@@ -291,7 +291,8 @@ def fp8_gemm(
     if triton_available() and _decode_sized(a2, b, exact):
         from fp8rl.kernels import gemm_decode_triton
 
-        config = gemm_decode_triton.exact_config(*a2.shape, b.shape[0]) if exact else None
+        m, n, k = a2.shape[0], b.shape[0], a2.shape[1]
+        config = gemm_decode_triton.exact_config(m, n, k) if exact else None
         out = gemm_decode_triton.fp8_gemm_decode(a2, b, out_dtype=out_dtype, config=config)[0]
     if out is None and not exact:
         if deepgemm_available():

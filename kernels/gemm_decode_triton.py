@@ -58,8 +58,9 @@ Design notes
   ``keeps_k_order`` row of the table for the shape (measured bitwise, faster than the library
   or not), else ``EXACT_DEFAULT``. Those rows are bitwise the fixed-tile kernel's rows at any M
   (``tests/fp8_kernels/test_exact_decode_gemm_gpu.py``, every 8B/7B shape and one without a
-  table row, M = 1-256 against M = 4096), so the batch invariance holds; the exact 8-layer
-  decode at batch 64 went from 24,014 to 28,018 tok/s with it (fast mode: 40,244).
+  table row, M = 1-256 against M = 4096), so the batch invariance holds. The exact 8-layer
+  decode at batch 64 went from 24,014 to 38,139 tok/s with it and the fused blocks in exact mode
+  (fast mode: 41,428; 2026-12-04).
 * **Prologue quant (only after ``set_enabled(True)``).** The prologue quantization is repeated
   by every N tile of a row block, which is free at M ≤ 16 but dominates from M = 64 on
   (0.1-0.4× BF16 there), so ``fp8_linear`` takes the fused-prologue kernel only for the
@@ -222,8 +223,9 @@ def exact_config(m: int, n: int, k: int) -> DecodeConfig | None:
     kernel compute an output the same way: each 128-wide K block's wgmma product times
     ``sa·sb``, added in K order in float32 (``k_trip`` and ``scale_ahead`` keep that order).
     Checked bitwise on the H200 for the 8B/7B shapes at M = 1-256 against the fixed-tile
-    kernel's rows at M = 4096 (``tests/fp8_kernels/test_exact_decode_gemm_gpu.py``); the decode
-    kernel is 2-3× faster at M = 64 (2026-12-04).
+    kernel's rows at M = 4096 (``tests/fp8_kernels/test_exact_decode_gemm_gpu.py``). Alone (with
+    ``EXACT_DEFAULT`` for every shape) it took the exact 8-layer decode at batch 64 from 24,014
+    to 28,018 tok/s (2026-12-04, ``benchmarks/results/issue14-h200.md``).
     """
     if m > MAX_TABLE_ROWS:
         return None

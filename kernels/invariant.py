@@ -150,10 +150,17 @@ def set_fast_attention(kernel: str) -> str:
     return previous
 
 
-def triton_attention(x: Tensor, *, exact: bool) -> bool:
-    """Whether ``attention`` on queries like ``x`` runs the invariant Triton kernel (then it
-    needs ``q_pos``/``k_len``, not a mask, and reads an FP8 cache in place)."""
-    return triton_exact(x) and (exact or _FAST_ATTENTION[0] == "triton")
+TRITON_HEAD_DIMS = (16, 32, 64, 128, 256)
+"""Head sizes the invariant Triton attention takes (fast mode falls back to SDPA for others)."""
+
+
+def triton_attention(x: Tensor, *, exact: bool, head_dim: int | None = None) -> bool:
+    """Whether ``attention`` on queries like ``x`` (head size ``head_dim``, default
+    ``x.shape[-1]``) runs the invariant Triton kernel (then it needs ``q_pos``/``k_len``, not a
+    mask, and reads an FP8 cache in place). Exact mode always does on CUDA in BF16/FP16 (the
+    kernel refuses other head sizes with a ValueError)."""
+    d = x.shape[-1] if head_dim is None else head_dim
+    return triton_exact(x) and (exact or (_FAST_ATTENTION[0] == "triton" and d in TRITON_HEAD_DIMS))
 
 
 def attention(

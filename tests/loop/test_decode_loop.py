@@ -10,12 +10,13 @@ from dataclasses import replace
 import pytest
 import torch
 
+from fp8rl.kernels.invariant import set_fast_attention
 from fp8rl.protocol import QuantConfig, SamplingParams
 from fp8rl.workers.model.build import build_decoder
 from fp8rl.workers.model.config import PRESETS
 from fp8rl.workers.model.linear import LayerPrecision
 from fp8rl.workers.rollout import engine as engine_module
-from fp8rl.workers.rollout.cuda_graphs import GraphDecoder
+from fp8rl.workers.rollout.cuda_graphs import GraphDecoder, kernel_switches
 from fp8rl.workers.rollout.engine import NativeEngine
 from fp8rl.workers.rollout.sampling import counter_uniforms, sequence_seed, uniform_table
 
@@ -32,6 +33,7 @@ class _EagerSteps(GraphDecoder):
         self.tokens = torch.zeros(batch, dtype=torch.long)
         self.pos = torch.zeros(batch, dtype=torch.long)
         self.uniforms = torch.zeros(batch, dtype=torch.float64)
+        self.switches = kernel_switches()
         self.calls = 0
 
     def __call__(self, tokens, pos, uniforms, limit):
@@ -132,3 +134,9 @@ def test_kept_graphs_serve_the_next_call_of_their_shape_and_are_replaced_for_ano
     kept.drop_graphs()
     kept.generate(PROMPTS[:2], sampling(temperature=0.7))
     assert len(made) == 5
+    previous = set_fast_attention("sdpa")  # a kernel switch the graphs baked in
+    try:
+        kept.generate(PROMPTS[:2], sampling(temperature=0.7))
+    finally:
+        set_fast_attention(previous)
+    assert len(made) == 6

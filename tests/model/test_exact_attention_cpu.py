@@ -60,3 +60,53 @@ def test_attention_without_a_mask_or_positions_or_fp8_scales_is_refused():
     codes = k.to(torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="k_scale"):
         attention(q, codes, codes, None, scale=1.0, q_pos=torch.zeros(1, 3), k_len=torch.ones(1))
+
+
+def test_fast_attention_leaves_head_sizes_the_kernel_lacks_to_sdpa(monkeypatch):
+    from fp8rl.kernels import invariant
+
+    monkeypatch.setattr(invariant, "triton_exact", lambda x: True)  # as on a GPU
+    x = torch.zeros(1, 2, 3, 128)
+    assert invariant.triton_attention(x, exact=False)
+    assert not invariant.triton_attention(x, exact=False, head_dim=80)
+    assert invariant.triton_attention(x, exact=True, head_dim=80)  # exact: the kernel refuses
+
+
+def test_a_kv_cache_is_not_selected_into_tensors_of_another_shape():
+    from fp8rl.workers.model.config import PRESETS
+    from fp8rl.workers.model.decoder import KVCache
+
+    cfg = PRESETS["tiny-llama"]
+    cache = KVCache.allocate(cfg, batch=3, capacity=16, dtype=torch.bfloat16, device="cpu")
+    index = torch.tensor([0, 0, 2, 1])
+    out = KVCache.allocate(cfg, batch=4, capacity=16, dtype=torch.bfloat16, device="cpu")
+    pointers = [t.data_ptr() for t in out.k]
+    assert cache.select(index, out=out) is out and [t.data_ptr() for t in out.k] == pointers
+    wrong = KVCache.allocate(cfg, batch=4, capacity=32, dtype=torch.bfloat16, device="cpu")
+    with pytest.raises(ValueError, match="select"):
+        cache.select(index, out=wrong)
+
+
+@pytest.mark.parametrize(("dtype", "fused"), [(torch.bfloat16, True), (torch.float32, False)])
+def test_exact_blocks_fuse_on_cuda_only_where_their_norm_is_the_fused_kernels(
+    dtype, fused, monkeypatch
+):
+    from types import SimpleNamespace
+
+    from fp8rl.protocol import QuantConfig
+    from fp8rl.workers.model import decoder
+    from fp8rl.workers.model.build import build_decoder
+    from fp8rl.workers.model.config import PRESETS
+    from fp8rl.workers.model.linear import LayerPrecision
+
+    precision = LayerPrecision(
+        dtype=dtype, fp8=True, quant=QuantConfig(), exact=True, trainable=False
+    )
+    model = build_decoder(
+        PRESETS["tiny-llama"], precision, state_dict=None, max_positions=32, param_dtype=dtype
+    )
+    block = model.model.layers[0]
+    with torch.no_grad():
+        assert not block.fused_ready()  # CPU: float64 norm and SiLU
+        monkeypatch.setattr(decoder, "triton_available", lambda: True)
+        assert block._exact_on_triton(SimpleNamespace(is_cuda=True)) is fused

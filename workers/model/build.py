@@ -59,7 +59,7 @@ def build_decoder(
         model.eval()
     cast_dense(model, param_dtype)
     if not precision.trainable:
-        model.fuse_projections()  # views into fused q/k/v, gate/up weights (fast path only)
+        model.fuse_projections()  # views into fused q/k/v, gate/up weights (fused blocks)
     return model
 
 

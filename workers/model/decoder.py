@@ -94,6 +94,12 @@ class KVCache:
         """
         if out is None:
             return KVCache([_rows(k, index) for k in self.k], [_rows(v, index) for v in self.v])
+        want = (len(index), *self.k[0].shape[1:])
+        if any(
+            t.shape != want or t.dtype != self.k[0].dtype or t.device != self.k[0].device
+            for t in out.k + out.v
+        ):
+            raise ValueError(f"select(out=) needs {want} {self.k[0].dtype} tensors, got others")
         for src, dst in zip(self.k + self.v, out.k + out.v, strict=True):
             _rows(src, index, dst)
         return out
@@ -258,6 +264,10 @@ class Attention(nn.Module):
             self.kv_amax.zero_()
 
 
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+"""Compute dtypes whose exact-mode ops run Triton on CUDA (``invariant.triton_exact``)."""
+
+
 def capturing() -> bool:
     """True while a CUDA graph is being captured (host-side checks must be skipped then)."""
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
@@ -318,6 +328,7 @@ class Block(nn.Module):
         self.self_attn = Attention(config, f"{prefix}.self_attn", layer_precision)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, exact=exact)
         self.mlp = MLP(config, f"{prefix}.mlp", layer_precision)
+        self.compute_dtype = precision.dtype
 
     def forward(
         self,
@@ -337,18 +348,22 @@ class Block(nn.Module):
         backing the projections (``fuse_quantized_linears``). Exact mode too: the fused
         norm/SwiGLU-quant kernels are the Triton arithmetic of the trainer's RMSNorm / SiLU·mul
         and quantizer, row by row, and its GEMMs run ``exact`` (N-concatenated weights change
-        no column's sum: tiles are aligned to the 128-row blocks). Not exact mode off CUDA, whose
-        norm and SiLU are float64."""
+        no column's sum: tiles are aligned to the 128-row blocks). Not exact mode off CUDA or in
+        float32, whose norm and SiLU are float64 (``invariant.triton_exact``)."""
         attn, mlp = self.self_attn, self.mlp
         codes = getattr(mlp.down_proj, "weight_codes", None)
         return (
             not torch.is_grad_enabled()
             and codes is not None
-            and (not mlp.exact or (codes.is_cuda and triton_available()))  # float64 off CUDA
+            and (not mlp.exact or self._exact_on_triton(codes))
             and getattr(attn.o_proj, "weight_codes", None) is not None
             and still_fused(attn.fused_qkv, attn.projections())
             and still_fused(mlp.fused_gate_up, [mlp.gate_proj, mlp.up_proj])
         )
+
+    def _exact_on_triton(self, codes: Tensor) -> bool:
+        """Exact mode's norm/SiLU run the fused kernels' Triton arithmetic: CUDA, BF16/FP16."""
+        return codes.is_cuda and triton_available() and self.compute_dtype in HALF_DTYPES
 
     def forward_fused(
         self,
@@ -451,7 +466,7 @@ class Decoder(nn.Module):
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         limit = None if cache is None else min(kv_limit or cache.capacity, cache.capacity)
         mask = None  # the Triton attention reads positions and k_len instead
-        if not triton_attention(x, exact=self.precision.exact):
+        if not triton_attention(x, exact=self.precision.exact, head_dim=self.config.head_dim):
             mask = attention_mask(positions, k_len, input_ids.shape[1] if limit is None else limit)
         pending = None  # the last fused block's MLP output, not yet added to x
         for i, layer in enumerate(self.model.layers):

@@ -29,6 +29,21 @@ from fp8rl.workers.model.decoder import Decoder, KVCache
 from fp8rl.workers.rollout.sampling import draw
 
 
+def kernel_switches() -> tuple:
+    """The process-wide kernel choices a captured step bakes in (``invariant.set_fast_attention``,
+    ``decode_attention.set_enabled``, ``gemm_decode_triton.set_enabled``/``set_parity_safe``,
+    ``rope_kv.set_fused``): kept graphs serve a chunk only while these are unchanged."""
+    from fp8rl.kernels import decode_attention, gemm_decode_triton, invariant, rope_kv
+
+    return (
+        invariant._FAST_ATTENTION[0],
+        decode_attention._ENABLED[0],
+        gemm_decode_triton._ENABLED[0],
+        gemm_decode_triton._PARITY_SAFE[0],
+        rope_kv._FUSED[0],
+    )
+
+
 class GraphDecoder:
     """Replays captured decode steps: ``(tokens [B], pos [B], uniforms [B], kv_limit) →
     (next tokens [B] int64, their logprobs [B] float32)``.
@@ -45,14 +60,17 @@ class GraphDecoder:
         self.pos = torch.zeros(batch, dtype=torch.long, device=dev)
         self.uniforms = torch.full((batch,), 0.5, dtype=torch.float64, device=dev)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[Tensor, Tensor]]] = {}
+        self.switches = kernel_switches()
         self.pool = torch.cuda.graph_pool_handle()
 
     def serves(self, rows: int, capacity: int, sampling: SamplingParams) -> bool:
         """Whether these graphs can decode a chunk of ``rows`` rows in a cache of ``capacity``
-        positions with ``sampling`` (its temperature, top-k and top-p are captured)."""
+        positions with ``sampling`` (its temperature, top-k and top-p are captured), under the
+        kernel choices they were captured with (``kernel_switches``)."""
         mine, sp = self.sampling, sampling
         return (
-            self.tokens.shape[0] == rows
+            self.switches == kernel_switches()
+            and self.tokens.shape[0] == rows
             and self.cache.capacity == capacity
             and (mine.temperature, mine.top_k, mine.top_p) == (sp.temperature, sp.top_k, sp.top_p)
         )
