@@ -42,7 +42,9 @@ def convert_gguf_in_child(model_path: str) -> bool:
 
     if (gguf_cache_target(gguf) / "config.json").exists():
         return False  # this very file is converted (another install's copy does not count)
-    done = subprocess.run([sys.executable, "-c", _CONVERT, model_path], check=False)
+    # -P: not the working directory first on sys.path (a checkout's top-level ``kernels/`` would
+    # hide the PyPI ``kernels`` package transformers imports, and the child would fail)
+    done = subprocess.run([sys.executable, "-P", "-c", _CONVERT, model_path], check=False)
     if done.returncode != 0:
         log.warning("converting %s in a child process failed; converting here", gguf.name)
     return done.returncode == 0

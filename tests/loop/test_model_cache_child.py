@@ -75,3 +75,15 @@ def test_the_child_resolves_the_model_and_reports_its_exit_code(tmp_path, monkey
     monkeypatch.setattr(model_cache, "_gguf_file", lambda path: tmp_path / "x.gguf")
     assert model_cache.convert_gguf_in_child("random:small-llama")  # needs no tokenizer
     assert not model_cache.convert_gguf_in_child("random:no-such-preset")
+
+
+def test_the_child_does_not_import_from_the_working_directory(tmp_path, monkeypatch):
+    """Run from a checkout's root, the child must not put the working directory first on
+    sys.path: the top-level ``kernels/`` folder would hide the PyPI ``kernels`` package."""
+    (tmp_path / "x.gguf").write_bytes(b"GGUF")
+    monkeypatch.setenv("FP8RL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(model_cache, "_gguf_file", lambda path: tmp_path / "x.gguf")
+    monkeypatch.chdir(tmp_path)
+    probe = "import os, sys; sys.exit(3 if '' in sys.path or os.getcwd() in sys.path else 0)"
+    monkeypatch.setattr(model_cache, "_CONVERT", probe)
+    assert model_cache.convert_gguf_in_child("anything")

@@ -20,6 +20,8 @@ the H200, 7-10 % of a gen-512 decode) happen once. Weight updates copy into the 
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch import Tensor
 
@@ -32,15 +34,17 @@ from fp8rl.workers.rollout.sampling import draw
 def kernel_switches() -> tuple:
     """The process-wide kernel choices a captured step bakes in (``invariant.set_fast_attention``,
     ``decode_attention.set_enabled``, ``gemm_decode_triton.set_enabled``/``set_parity_safe``,
-    ``rope_kv.set_fused``): kept graphs serve a chunk only while these are unchanged."""
-    from fp8rl.kernels import decode_attention, gemm_decode_triton, invariant, rope_kv
+    ``rope_kv.set_fused``): kept graphs serve a chunk only while these are unchanged. The
+    decode GEMM's are read only once its module is loaded (it imports Triton; not loaded, its
+    switches are unset)."""
+    from fp8rl.kernels import decode_attention, invariant, rope_kv
 
+    gemm = sys.modules.get("fp8rl.kernels.gemm_decode_triton")
     return (
         invariant._FAST_ATTENTION[0],
         decode_attention._ENABLED[0],
-        gemm_decode_triton._ENABLED[0],
-        gemm_decode_triton._PARITY_SAFE[0],
         rope_kv._FUSED[0],
+        None if gemm is None else (gemm._ENABLED[0], gemm._PARITY_SAFE[0]),
     )
 
 
