@@ -3,7 +3,7 @@
     python benchmarks/mismatch_attribution.py [--out DIR] [--seeds 0 1]
 
 ``fp8rl mismatch``'s measurement (``services.mismatch.measure_mode``: the native engine samples,
-the trainer forward scores the same ids) under four configurations, switched by patching the
+the trainer forward scores the same ids) under these configurations, switched by patching the
 dispatch functions in this process only:
 
 * ``committed``: the code as committed: fused norm/SwiGLU-quant kernels in the engine, the
@@ -17,6 +17,8 @@ dispatch functions in this process only:
   float32 ops: the state before this fix (up to the fused kernels' float64 mean square).
 * ``attention on SDPA``: as committed with the fast mode's attention on SDPA
   (``invariant.set_fast_attention("sdpa")``), the engine and trainer of before 2026-12-04.
+* ``decode tiles``: as committed with the engine's decode attention over a BF16 cache on 16-row
+  tiles (``set_fast_attention("triton_decode16")``).
 * ``pre-issue-14 engine``: no fused blocks, no decode GEMM, torch norm/SiLU: the engine of
   2026-11-29 (token_mult_prob_error 1.00252703 tiny-llama, 1.02448287 small-llama then).
 
@@ -67,6 +69,9 @@ def _variant(name: str) -> contextlib.ExitStack:
     if name in ("attention on SDPA", "pre-issue-14 engine"):
         previous_attention = invariant.set_fast_attention("sdpa")
         stack.callback(invariant.set_fast_attention, previous_attention)
+    if name == "decode tiles":
+        previous_attention = invariant.set_fast_attention("triton_decode16")
+        stack.callback(invariant.set_fast_attention, previous_attention)
     if name == "pre-issue-14 engine":
         stack.enter_context(_patched(decoder.Block, "fused_ready", lambda self: False))
     return stack
@@ -78,6 +83,7 @@ VARIANTS = [
     "decode GEMM on",
     "decode GEMM on, trainer torch ops",
     "attention on SDPA",
+    "decode tiles",
     "pre-issue-14 engine",
 ]
 

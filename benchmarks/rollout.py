@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from fp8rl.kernels.invariant import set_fast_attention
+from fp8rl.kernels.invariant import FAST_ATTENTION_KERNELS, set_fast_attention
 from fp8rl.protocol import QuantConfig, SamplingParams
 from fp8rl.workers.model.build import build_decoder
 from fp8rl.workers.model.config import PRESETS, DecoderConfig
@@ -166,9 +166,10 @@ def main() -> None:
     parser.add_argument(
         "--attention",
         default="triton",
-        choices=["triton", "sdpa"],
+        choices=FAST_ATTENTION_KERNELS,
         help="fast mode's attention on CUDA (kernels.invariant.set_fast_attention): the "
-        "invariant Triton kernel (default; the engine reads the KV cache in place) or SDPA",
+        "invariant Triton kernel (default; the engine reads the KV cache in place), the same "
+        "with 16-row decode tiles (not bitwise the trainer), or SDPA",
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path)

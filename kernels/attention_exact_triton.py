@@ -8,14 +8,26 @@ reads its KV cache in place (H200, Llama-3.1-8B decode at gen 512: +23-25 % tok/
 +12-18 % BF16; the 8-layer train step at 16K tokens as fast as SDPA, 4 GB less peak memory). A query row's
 output bits depend only on that row's query, the keys/values it can see and the head size:
 
-* **One compiled config.** ``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages`` are constants
-  of this module, never chosen from the shape; the integer sizes are excluded from Triton's
-  specialisation (``do_not_specialize``), so every call runs the same binary.
+* **One arithmetic.** ``BLOCK_M``, ``BLOCK_N`` and ``num_warps`` are constants of this module,
+  never chosen from the shape; the integer sizes are excluded from Triton's specialisation
+  (``do_not_specialize``). Only ``num_stages`` (software pipelining: when a tile is loaded, not
+  what is computed from it) differs: 3 for decode-size calls (``DECODE_STAGES``) and an FP8
+  cache (``FP8_KV_STAGES``), 2 for the trainer's; the GPU tests check those rows bitwise.
 * **An FP8 KV cache read in place** (``KV_FP8``, the engine only): each tile is dequantized in
   registers as ``(code · scale)`` in float32 rounded to the query dtype, bitwise
   ``kv.kv_dequantize`` and the trainer's ``kv_round_trip``, then the same arithmetic follows.
   The tile has to pass through registers into shared memory for the BF16 ``tl.dot``, which
   holds this path to ~40-50 % of HBM bandwidth on FP8 bytes (the BF16 path: 63-89 %).
+* **Decode tiles** (opt-in: ``decode_tiles``, fast mode's ``set_fast_attention("triton_decode16")``).
+  A call of at most ``DECODE_BLOCK_M`` rows per KV head (a decode step: Lq = 1, the G query
+  heads of a KV head) over a BF16 K/V may run 16-row tiles (mma.sync) instead of 64-row ones
+  (wgmma), with the same ``BLOCK_N``, key order and arithmetic: a 64-row tile of a decode step
+  is 60 rows of padding. The call is 10-20 % faster (H200, batch 64 / 256 at 448 keys: 32 / 112
+  µs against 40 / 136). On random N(0, 1) inputs every decode row was bitwise the trainer's
+  64-row-tile row, but not on model activations: exact-mode engine vs trainer max |Δlogp| 0.004
+  (tiny-llama) and 0.03 / 0.11 (small-llama; BF16 / unified FP8 mode, BF16 cache) with them on (2026-12-04). The two MMA
+  instructions need not round a sum alike. So the invariant default keeps 64-row tiles, exact
+  mode never runs 16-row ones, and an FP8 cache keeps 64 (with 16 it was no faster).
 * **Fixed key order.** Each query row walks key blocks of ``BLOCK_N`` from key 0 upwards: key
   ``j`` always sits at column ``j % BLOCK_N`` of block ``j // BLOCK_N``, and each score is one
   ``tl.dot`` over the head dim with the same instruction sequence whatever the other rows of the
@@ -55,6 +67,13 @@ FP8_KV_STAGES = 3
 """Pipeline stages of the forward over an FP8 cache read in place (the engine's binary; the
 stages change no arithmetic). H200, batch 64, 2,176 / 4,160 keys: 142 / 259 µs against 171 / 307
 with 2 stages; batch 256 unchanged (``benchmarks/attention_fp8_tune.py``, 2026-12-04)."""
+DECODE_STAGES = 3
+"""Pipeline stages of a BF16 call with one row tile per KV head (a decode step; the stages change
+no arithmetic). H200, decode over 448-4,160 keys: 10-16 % faster than 2 stages, bitwise
+(``benchmarks/attention_kv_trip.py``, 2026-12-04). The trainer's calls keep ``NUM_STAGES``."""
+DECODE_BLOCK_M = 16
+"""Row tile of a BF16 ``decode_tiles`` call with at most this many rows per KV head (module doc,
+"Decode tiles")."""
 BWD_BLOCK_M = 64  # the backward need not be invariant: its tiles are free to tune
 BWD_BLOCK_N = 64
 BWD_WARPS = 8
@@ -80,8 +99,8 @@ def _fwd_kernel(
     d = tl.arange(0, D)
     q_off = b.to(tl.int64) * sqb + head.to(tl.int64) * sqh + pos.to(tl.int64) * sqm
     q = tl.load(Q + q_off[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
-    nvis = tl.load(NVIS + b * Lq + pos, mask=row_ok, other=0)
-    hi = tl.minimum(tl.max(nvis, 0), Lk)
+    nvis = tl.minimum(tl.load(NVIS + b * Lq + pos, mask=row_ok, other=0), Lk)  # keys given only
+    hi = tl.max(nvis, 0)
     k_base = K + b.to(tl.int64) * skb + hk.to(tl.int64) * skh
     v_base = V + b.to(tl.int64) * svb + hk.to(tl.int64) * svh
     if KV_FP8:
@@ -148,8 +167,8 @@ def _bwd_dq_kernel(
     stat = (b * HKV * G + head) * Lq + pos
     lse = tl.load(LSE + stat, mask=row_ok, other=0.0)
     delta = tl.load(DELTA + stat, mask=row_ok, other=0.0)
-    nvis = tl.load(NVIS + b * Lq + pos, mask=row_ok, other=0)
-    hi = tl.minimum(tl.max(nvis, 0), Lk)
+    nvis = tl.minimum(tl.load(NVIS + b * Lq + pos, mask=row_ok, other=0), Lk)  # keys given only
+    hi = tl.max(nvis, 0)
     k_base = K + bl * skb + hk.to(tl.int64) * skh
     v_base = V + bl * svb + hk.to(tl.int64) * svh
     dq = tl.zeros([BM, D], tl.float32)
@@ -199,7 +218,7 @@ def _bwd_dkdv_kernel(
         row_ok = rows < R
         head = hk * G + rows // Lq
         pos = rows % Lq
-        nvis = tl.load(NVIS + b * Lq + pos, mask=row_ok, other=0)
+        nvis = tl.minimum(tl.load(NVIS + b * Lq + pos, mask=row_ok, other=0), Lk)
         if tl.max(nvis, 0) > first_col:  # some row of this block sees some key of ours
             hl, pl = head.to(tl.int64), pos.to(tl.int64)
             q_off = bl * sqb + hl * sqh + pl * sqm
@@ -243,6 +262,7 @@ def _forward(
     scale: float,
     k_scale: Tensor | None = None,
     v_scale: Tensor | None = None,
+    decode_tiles: bool = False,
 ) -> tuple[Tensor, Tensor]:
     b, h, lq, d = q.shape
     fp8 = k.dtype == torch.float8_e4m3fn
@@ -251,14 +271,18 @@ def _forward(
     out = torch.empty(b, h, lq, d, dtype=q.dtype, device=q.device)
     lse = torch.empty(b, h, lq, dtype=torch.float32, device=q.device)
     r = g * lq
-    grid = (triton.cdiv(r, BLOCK_M), b * hkv)
+    bm, stages = BLOCK_M, FP8_KV_STAGES if fp8 else NUM_STAGES
+    if decode_tiles and q.dtype == torch.bfloat16 and not fp8 and r <= DECODE_BLOCK_M:
+        bm = DECODE_BLOCK_M  # 2 stages: the fastest there (attention_decode_tile.py)
+    elif not fp8 and r <= BLOCK_M:
+        stages = DECODE_STAGES
+    grid = (triton.cdiv(r, bm), b * hkv)
     _fwd_kernel[grid](
         q, k, v, k_scale if fp8 else q, v_scale if fp8 else q, out, lse, nvis, lq, lk, r, g, hkv,
         scale * _LOG2E,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        D=d, BM=BLOCK_M, BN=BLOCK_N, KV_FP8=fp8, num_warps=NUM_WARPS,
-        num_stages=FP8_KV_STAGES if fp8 else NUM_STAGES,
+        D=d, BM=bm, BN=BLOCK_N, KV_FP8=fp8, num_warps=NUM_WARPS, num_stages=stages,
     )  # fmt: skip
     return out, lse
 
@@ -309,6 +333,7 @@ def exact_attention(
     scale: float,
     k_scale: Tensor | None = None,
     v_scale: Tensor | None = None,
+    decode_tiles: bool = False,
 ) -> Tensor:
     """Batch-invariant GQA attention over a prefix of keys per query row (CUDA, Triton).
 
@@ -317,11 +342,16 @@ def exact_attention(
         k, v: [B, Hkv, Lk, D], H a multiple of Hkv (e.g. KV-cache slices): q's dtype, or FP8
             E4M3 codes of an FP8 KV cache, read in place (no autograd).
         n_visible: [B, Lq] integer: query (b, l) sees keys ``[0, n_visible[b, l])``; must be
-            >= 1 (``min(position + 1, k_len)`` for ``invariant.attention_mask``'s mask).
+            >= 1 (``invariant.visible_keys``: ``min(position + 1, k_len)``, the prefix
+            ``attention_mask`` marks); counts past Lk are clamped to Lk in the kernel (int32
+            contiguous counts are passed as they are, without a copy).
         scale: softmax scale (usually D**-0.5).
         k_scale, v_scale: 0-d float32 per-tensor scales of FP8 k/v (``kv.kv_dequantize``'s; each
             tile is dequantized in registers to the same values, so an engine reading its FP8
             cache and a trainer attending over ``kv.kv_round_trip`` keys get the same bits).
+        decode_tiles: run a BF16 call of at most ``DECODE_BLOCK_M`` rows per KV head on 16-row
+            tiles (module doc, "Decode tiles": faster, not bitwise the 64-row rows; fast mode
+            only).
     Returns:
         [B, H, Lq, D] in q.dtype; differentiable in q, k, v (deterministic backward, fp32
         accumulation, no [Lq, Lk] buffer).
@@ -331,7 +361,7 @@ def exact_attention(
     """
     _check(q, k, v, n_visible)
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
-    nvis = n_visible.clamp(max=k.shape[2]).to(torch.int32).contiguous()  # only keys given
+    nvis = n_visible.to(torch.int32).contiguous()  # a no-op on visible_keys' counts
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if k.dtype == torch.float8_e4m3fn or v.dtype == torch.float8_e4m3fn:
         if k.dtype != v.dtype or k_scale is None or v_scale is None or grad:
@@ -341,4 +371,4 @@ def exact_attention(
         return _forward(q, k, v, nvis, float(scale), k_scale.float(), v_scale.float())[0]
     if grad:
         return _ExactAttention.apply(q, k, v, nvis, float(scale))
-    return _forward(q, k, v, nvis, float(scale))[0]
+    return _forward(q, k, v, nvis, float(scale), decode_tiles=decode_tiles)[0]

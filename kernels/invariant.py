@@ -114,6 +114,14 @@ def attention_mask(q_pos: Tensor, k_len: Tensor, num_keys: int) -> Tensor:
     return visible[:, None]
 
 
+def visible_keys(q_pos: Tensor, k_len: Tensor) -> Tensor:
+    """[B, Lq] int32: how many keys each query row sees, ``min(position + 1, k_len)`` (the
+    prefix ``attention_mask`` marks visible). ``attention`` takes it in place of the mask; the
+    decoder builds it once per forward for every layer (four small kernels a layer otherwise).
+    q_pos: [B, Lq] integer positions; k_len: [B] integer valid keys per sequence."""
+    return torch.minimum(q_pos + 1, k_len[:, None]).to(torch.int32)
+
+
 def triton_exact(x: Tensor) -> bool:
     """True when the exact ops on ``x`` run the Triton kernels (CUDA, BF16/FP16) instead of
     float64."""
@@ -126,6 +134,8 @@ def float64_inside(fn, x: Tensor) -> bool:
     return not (fn in (attention, rms_norm, silu_mul) and triton_exact(x))
 
 
+FAST_ATTENTION_KERNELS = ("triton", "triton_decode16", "sdpa")
+"""The fast mode's attention choices on CUDA (``set_fast_attention``)."""
 _FAST_ATTENTION = ["triton"]
 """The fast mode's attention on CUDA: "triton" (the invariant kernel) or "sdpa" (see
 ``set_fast_attention``)."""
@@ -137,15 +147,17 @@ def set_fast_attention(kernel: str) -> str:
 
     "triton" (the default): the invariant Triton flash attention that exact mode runs
     (``attention_exact_triton``). The engine's prefill and every decode step then compute each
-    row as the trainer's forward does, bitwise, and an FP8 KV cache is read in place. "sdpa":
-    ``F.scaled_dot_product_attention`` with the mask (the fast path before 2026-12-04; an FP8
-    cache is first dequantized whole), kept for A/B benchmarks.
+    row as the trainer's forward does, bitwise, and an FP8 KV cache is read in place.
+    "triton_decode16": the same, with decode calls over a BF16 cache on 16-row tiles
+    (``attention_exact_triton`` "Decode tiles": faster, not bitwise the trainer's rows on model
+    activations). "sdpa": ``F.scaled_dot_product_attention`` with the mask (the fast path before
+    2026-12-04; an FP8 cache is first dequantized whole), kept for A/B benchmarks.
 
     Raises:
-        ValueError: ``kernel`` is neither.
+        ValueError: ``kernel`` is not one of ``FAST_ATTENTION_KERNELS``.
     """
-    if kernel not in ("triton", "sdpa"):
-        raise ValueError(f"fast attention kernel {kernel!r} is not 'triton' or 'sdpa'")
+    if kernel not in FAST_ATTENTION_KERNELS:
+        raise ValueError(f"fast attention kernel {kernel!r} is not one of {FAST_ATTENTION_KERNELS}")
     previous, _FAST_ATTENTION[0] = _FAST_ATTENTION[0], kernel
     return previous
 
@@ -160,7 +172,7 @@ def triton_attention(x: Tensor, *, exact: bool, head_dim: int | None = None) -> 
     mask, and reads an FP8 cache in place). Exact mode always does on CUDA in BF16/FP16 (the
     kernel refuses other head sizes with a ValueError)."""
     d = x.shape[-1] if head_dim is None else head_dim
-    return triton_exact(x) and (exact or (_FAST_ATTENTION[0] == "triton" and d in TRITON_HEAD_DIMS))
+    return triton_exact(x) and (exact or (_FAST_ATTENTION[0] != "sdpa" and d in TRITON_HEAD_DIMS))
 
 
 def attention(
@@ -182,8 +194,10 @@ def attention(
         q: [B, H, Lq, D] compute dtype.
         k, v: [B, Hkv, Lk, D] with H a multiple of Hkv; compute dtype, or FP8 E4M3 codes of a KV
             cache with ``k_scale``/``v_scale`` (0-d float32; ``kv.kv_dequantize``'s values).
-        mask: [B, 1, Lq, Lk] bool, True = visible (every query must see at least one key); may be
-            None when ``q_pos`` and ``k_len`` are given (it is then built where needed).
+        mask: [B, 1, Lq, Lk] bool, True = visible (every query must see at least one key), or
+            the [B, Lq] integer counts of ``visible_keys`` (the same prefix mask, as the Triton
+            path reads it); may be None when ``q_pos`` and ``k_len`` are given (the needed form
+            is then built here).
         scale: softmax scale (usually D**-0.5).
         exact: batch- and length-invariant everywhere: float64 scores/softmax/PV rounded once
             off CUDA. On CUDA (BF16/FP16) exact mode, and fast mode by default
@@ -200,17 +214,24 @@ def attention(
     if triton_attention(q, exact=exact):
         from fp8rl.kernels.attention_exact_triton import exact_attention
 
-        if q_pos is not None and k_len is not None:
-            n_visible = torch.minimum(q_pos + 1, k_len[:, None])
+        if mask is not None and mask.dtype != torch.bool:
+            n_visible = mask
+        elif q_pos is not None and k_len is not None:
+            n_visible = visible_keys(q_pos, k_len)
         elif mask is not None:
             n_visible = mask[:, 0].sum(-1)
         else:
             raise ValueError("attention needs a mask or q_pos and k_len")
-        return exact_attention(q, k, v, n_visible, scale=scale, k_scale=k_scale, v_scale=v_scale)
+        tiles = not exact and _FAST_ATTENTION[0] == "triton_decode16"
+        return exact_attention(
+            q, k, v, n_visible, scale=scale, k_scale=k_scale, v_scale=v_scale, decode_tiles=tiles
+        )
     if k.dtype == FP8_DTYPE:
         if k_scale is None or v_scale is None:
             raise ValueError("FP8 k/v need k_scale and v_scale")
         k, v = kv_dequantize(k, k_scale, q.dtype), kv_dequantize(v, v_scale, q.dtype)
+    if mask is not None and mask.dtype != torch.bool:  # visible_keys' counts
+        mask = (torch.arange(k.shape[2], device=mask.device) < mask[:, :, None])[:, None]
     if mask is None:
         if q_pos is None or k_len is None:
             raise ValueError("attention needs a mask or q_pos and k_len")

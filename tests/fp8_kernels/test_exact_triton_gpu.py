@@ -58,6 +58,26 @@ def test_full_sequence_rows_equal_decode_steps_over_larger_caches(length):
             assert torch.equal(out, full[:, :, p : p + 1]), (capacity, p)
 
 
+@pytest.mark.parametrize(("h", "hkv", "d"), [(32, 8, 128), (28, 4, 128), (16, 2, 64), (16, 1, 128)])
+def test_decode_rows_are_the_trainer_rows_and_decode_tiles_stay_close(h, hkv, d):
+    """A decode call (Lq = 1) must give each row bitwise the trainer's row of that position for
+    Llama (G 4), Qwen (G 7), G 8 and G 16, positions on both sides of key-block edges. The
+    opt-in 16-row decode tiles (not bitwise on model activations) stay within BF16 rounding."""
+    b, length = 3, 520
+    q, k, v = _qkv(b, h, hkv, length, length, d=d, seed=3)
+    full_nvis = torch.arange(1, length + 1, device=CUDA).expand(b, length)
+    full = exact_attention(q, k, v, full_nvis, scale=d**-0.5)
+    kc = torch.randn(b, hkv, 640, d, device=CUDA, dtype=BF16)  # a larger cache, stale tail
+    vc = torch.randn(b, hkv, 640, d, device=CUDA, dtype=BF16)
+    kc[:, :, :length], vc[:, :, :length] = k, v
+    for p in (0, 1, 63, 64, 65, 127, 128, 300, 519):
+        nvis = torch.full((b, 1), p + 1, device=CUDA, dtype=torch.int32)
+        out = exact_attention(q[:, :, p : p + 1], kc, vc, nvis, scale=d**-0.5)
+        assert torch.equal(out, full[:, :, p : p + 1]), p
+        tiles = exact_attention(q[:, :, p : p + 1], kc, vc, nvis, scale=d**-0.5, decode_tiles=True)
+        torch.testing.assert_close(tiles, out, rtol=1.6e-2, atol=1e-3)
+
+
 def test_rows_do_not_depend_on_the_batch():
     b, h, hkv, length, d = 6, 4, 4, 200, 128
     q, k, v = _qkv(b, h, hkv, length, length, seed=1)

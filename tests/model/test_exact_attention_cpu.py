@@ -13,6 +13,7 @@ from fp8rl.kernels.invariant import (
     rms_norm,
     silu_mul,
     triton_exact,
+    visible_keys,
 )
 
 
@@ -24,6 +25,20 @@ def test_cpu_exact_attention_accepts_prefix_arguments_and_ignores_them():
     plain = attention(q, k, v, mask, scale=8**-0.5, exact=True)
     kw = attention(q, k, v, mask, scale=8**-0.5, exact=True, q_pos=pos, k_len=k_len)
     assert torch.equal(plain, kw)
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_visible_key_counts_attend_like_the_mask_they_stand_for(exact):
+    torch.manual_seed(2)
+    q, k, v = torch.randn(2, 4, 3, 8), torch.randn(2, 2, 9, 8), torch.randn(2, 2, 9, 8)
+    pos, k_len = torch.tensor([[4, 5, 6], [0, 1, 8]]), torch.tensor([7, 3])
+    counts = visible_keys(pos, k_len)
+    assert counts.dtype == torch.int32
+    assert counts.tolist() == [[5, 6, 7], [1, 2, 3]]
+    mask = attention_mask(pos, k_len, 9)
+    assert torch.equal(counts, mask[:, 0].sum(-1).int())
+    by_mask = attention(q, k, v, mask, scale=8**-0.5, exact=exact)
+    assert torch.equal(attention(q, k, v, counts, scale=8**-0.5, exact=exact), by_mask)
 
 
 def test_cpu_exact_ops_still_run_in_float64_and_are_recomputed():
@@ -70,6 +85,22 @@ def test_fast_attention_leaves_head_sizes_the_kernel_lacks_to_sdpa(monkeypatch):
     assert invariant.triton_attention(x, exact=False)
     assert not invariant.triton_attention(x, exact=False, head_dim=80)
     assert invariant.triton_attention(x, exact=True, head_dim=80)  # exact: the kernel refuses
+
+
+def test_decode_tiles_are_a_fast_mode_triton_choice_and_a_typo_is_refused(monkeypatch):
+    from fp8rl.kernels import invariant
+
+    monkeypatch.setattr(invariant, "triton_exact", lambda x: True)  # as on a GPU
+    x = torch.zeros(1, 2, 3, 128)
+    previous = invariant.set_fast_attention("triton_decode16")
+    try:
+        assert invariant.triton_attention(x, exact=False)
+        with pytest.raises(ValueError, match="triton_decode16"):
+            invariant.set_fast_attention("triton16")
+        assert invariant.set_fast_attention("sdpa") == "triton_decode16"
+        assert not invariant.triton_attention(x, exact=False)
+    finally:
+        invariant.set_fast_attention(previous)
 
 
 def test_a_kv_cache_is_not_selected_into_tensors_of_another_shape():

@@ -38,6 +38,7 @@ from fp8rl.kernels.invariant import (
     rope_table,
     silu_mul,
     triton_attention,
+    visible_keys,
 )
 from fp8rl.kernels.kv import (
     check_kv_scale,
@@ -192,8 +193,8 @@ class Attention(nn.Module):
 
     def _attend(self, q, k, v, cos, sin, positions, k_len, cache, mask=None) -> Tensor:
         """RoPE, KV cache, attention and o_proj. q/k/v: [B, L, heads, D] → [B, L, hidden].
-        ``mask``: ``attention_mask(positions, k_len, keys)`` when the caller built it once for
-        every layer (built here otherwise)."""
+        ``mask``: ``attention_mask(positions, k_len, keys)`` or ``visible_keys(positions,
+        k_len)`` when the caller built it once for every layer (built here otherwise)."""
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if cache is not None:
@@ -465,8 +466,9 @@ class Decoder(nn.Module):
             x = tied_embedding(input_ids, weight, tied_head).to(self.compute_dtype)
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         limit = None if cache is None else min(kv_limit or cache.capacity, cache.capacity)
-        mask = None  # the Triton attention reads positions and k_len instead
-        if not triton_attention(x, exact=self.precision.exact, head_dim=self.config.head_dim):
+        if triton_attention(x, exact=self.precision.exact, head_dim=self.config.head_dim):
+            mask = visible_keys(positions, k_len)  # the Triton attention's form, once per forward
+        else:
             mask = attention_mask(positions, k_len, input_ids.shape[1] if limit is None else limit)
         pending = None  # the last fused block's MLP output, not yet added to x
         for i, layer in enumerate(self.model.layers):
