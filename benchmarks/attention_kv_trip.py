@@ -126,7 +126,7 @@ def main() -> None:
     torch.manual_seed(0)
     variants = [(t, s) for t in (1, 2) for s in (2, 3)]
     points = [(64, 448), (256, 448), (64, 2176), (64, 4160)]
-    lines = ["| cache | batch | keys | committed µs | " + " | ".join(f"trip {t} stages {s}" for t, s in variants) + " |"]  # fmt: skip
+    lines = ["| cache | batch | keys | committed µs (its stages then) | " + " | ".join(f"trip {t} stages {s}" for t, s in variants) + " |"]  # fmt: skip
     lines.append("|---" * (4 + len(variants)) + "|")
     for batch, keys in points:
         cap = -(-keys // 128) * 128

@@ -19,15 +19,17 @@ output bits depend only on that row's query, the keys/values it can see and the 
   The tile has to pass through registers into shared memory for the BF16 ``tl.dot``, which
   holds this path to ~40-50 % of HBM bandwidth on FP8 bytes (the BF16 path: 63-89 %).
 * **Decode tiles** (opt-in: ``decode_tiles``, fast mode's ``set_fast_attention("triton_decode16")``).
-  A call of at most ``DECODE_BLOCK_M`` rows per KV head (a decode step: Lq = 1, the G query
-  heads of a KV head) over a BF16 K/V may run 16-row tiles (mma.sync) instead of 64-row ones
-  (wgmma), with the same ``BLOCK_N``, key order and arithmetic: a 64-row tile of a decode step
-  is 60 rows of padding. The call is 10-20 % faster (H200, batch 64 / 256 at 448 keys: 32 / 112
-  µs against 40 / 136). On random N(0, 1) inputs every decode row was bitwise the trainer's
-  64-row-tile row, but not on model activations: exact-mode engine vs trainer max |Δlogp| 0.004
-  (tiny-llama) and 0.03 / 0.11 (small-llama; BF16 / unified FP8 mode, BF16 cache) with them on (2026-12-04). The two MMA
-  instructions need not round a sum alike. So the invariant default keeps 64-row tiles, exact
-  mode never runs 16-row ones, and an FP8 cache keeps 64 (with 16 it was no faster).
+  A decode call (Lq = 1) over a BF16 K/V with at most ``DECODE_BLOCK_M`` query heads per KV head
+  may run 16-row tiles (mma.sync) instead of 64-row ones (wgmma), with the same ``BLOCK_N``, key
+  order and arithmetic: a 64-row tile of a decode step is 60 rows of padding. Against the 64-row
+  tile on 2 stages the call is 10-20 % faster (H200, batch 64 / 256 at 448 keys: 32 / 112 µs
+  against 40 / 136; decode calls now run 3 stages, 30 / 98 µs in another run), and a 32-layer
+  decode at batch 256 7-9 % faster. On random N(0, 1) inputs every decode row was bitwise the
+  trainer's 64-row-tile row, but not on model activations: exact-mode engine vs trainer max
+  |Δlogp| 0.004 (tiny-llama) and 0.03 / 0.11 (small-llama; BF16 / unified FP8 mode, BF16 cache)
+  with them on (2026-12-04). The two MMA instructions need not round a sum alike. So the
+  invariant default keeps 64-row tiles, exact mode never runs 16-row ones, and an FP8 cache keeps
+  64 (with 16 it was no faster).
 * **Fixed key order.** Each query row walks key blocks of ``BLOCK_N`` from key 0 upwards: key
   ``j`` always sits at column ``j % BLOCK_N`` of block ``j // BLOCK_N``, and each score is one
   ``tl.dot`` over the head dim with the same instruction sequence whatever the other rows of the
@@ -68,12 +70,14 @@ FP8_KV_STAGES = 3
 stages change no arithmetic). H200, batch 64, 2,176 / 4,160 keys: 142 / 259 µs against 171 / 307
 with 2 stages; batch 256 unchanged (``benchmarks/attention_fp8_tune.py``, 2026-12-04)."""
 DECODE_STAGES = 3
-"""Pipeline stages of a BF16 call with one row tile per KV head (a decode step; the stages change
-no arithmetic). H200, decode over 448-4,160 keys: 10-16 % faster than 2 stages, bitwise
-(``benchmarks/attention_kv_trip.py``, 2026-12-04). The trainer's calls keep ``NUM_STAGES``."""
+"""Pipeline stages of a BF16 call with one row tile per KV head (``G·Lq ≤ BLOCK_M``: a decode
+step, a short chunk; the stages change no arithmetic). H200, decode over 448-4,160 keys: 10-16 %
+faster than 2 stages, bitwise (``benchmarks/attention_kv_trip.py``, 2026-12-04). Longer calls
+(the trainer's sequences, long prefills) keep ``NUM_STAGES``; so do FP16 (not measured) and head
+size 256 (3 stages of its tiles would not fit in shared memory)."""
 DECODE_BLOCK_M = 16
-"""Row tile of a BF16 ``decode_tiles`` call with at most this many rows per KV head (module doc,
-"Decode tiles")."""
+"""Row tile of a BF16 ``decode_tiles`` call (Lq = 1) with at most this many query heads per KV
+head (module doc, "Decode tiles")."""
 BWD_BLOCK_M = 64  # the backward need not be invariant: its tiles are free to tune
 BWD_BLOCK_N = 64
 BWD_WARPS = 8
@@ -135,7 +139,8 @@ def _fwd_kernel(
     o_off = b.to(tl.int64) * sob + head.to(tl.int64) * soh + pos.to(tl.int64) * som
     tl.store(OUT + o_off[:, None] + d[None, :], out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
     # log2-domain log-sum-exp of the scaled scores [B, H, Lq], stored by every call so that the
-    # trainer (which needs it) and the engine run one binary
+    # trainer (which needs it) and the engine run one kernel, one arithmetic (only num_stages
+    # differs between their binaries)
     lse_off = (b * HKV * G + head) * Lq + pos
     tl.store(LSE + lse_off, m_i + tl.math.log2(l_i), mask=row_ok)
 
@@ -272,9 +277,10 @@ def _forward(
     lse = torch.empty(b, h, lq, dtype=torch.float32, device=q.device)
     r = g * lq
     bm, stages = BLOCK_M, FP8_KV_STAGES if fp8 else NUM_STAGES
-    if decode_tiles and q.dtype == torch.bfloat16 and not fp8 and r <= DECODE_BLOCK_M:
+    bf16 = q.dtype == torch.bfloat16 and not fp8
+    if decode_tiles and bf16 and lq == 1 and r <= DECODE_BLOCK_M:
         bm = DECODE_BLOCK_M  # 2 stages: the fastest there (attention_decode_tile.py)
-    elif not fp8 and r <= BLOCK_M:
+    elif bf16 and r <= BLOCK_M and d <= 128:  # 3 stages of 256-wide tiles overflow smem
         stages = DECODE_STAGES
     grid = (triton.cdiv(r, bm), b * hkv)
     _fwd_kernel[grid](
@@ -349,9 +355,9 @@ def exact_attention(
         k_scale, v_scale: 0-d float32 per-tensor scales of FP8 k/v (``kv.kv_dequantize``'s; each
             tile is dequantized in registers to the same values, so an engine reading its FP8
             cache and a trainer attending over ``kv.kv_round_trip`` keys get the same bits).
-        decode_tiles: run a BF16 call of at most ``DECODE_BLOCK_M`` rows per KV head on 16-row
-            tiles (module doc, "Decode tiles": faster, not bitwise the 64-row rows; fast mode
-            only).
+        decode_tiles: run a BF16 decode call (Lq = 1, at most ``DECODE_BLOCK_M`` query heads
+            per KV head) on 16-row tiles (module doc, "Decode tiles": faster, not bitwise the
+            64-row rows; fast mode only).
     Returns:
         [B, H, Lq, D] in q.dtype; differentiable in q, k, v (deterministic backward, fp32
         accumulation, no [Lq, Lk] buffer).

@@ -168,8 +168,8 @@ TRITON_HEAD_DIMS = (16, 32, 64, 128, 256)
 
 def triton_attention(x: Tensor, *, exact: bool, head_dim: int | None = None) -> bool:
     """Whether ``attention`` on queries like ``x`` (head size ``head_dim``, default
-    ``x.shape[-1]``) runs the invariant Triton kernel (then it needs ``q_pos``/``k_len``, not a
-    mask, and reads an FP8 cache in place). Exact mode always does on CUDA in BF16/FP16 (the
+    ``x.shape[-1]``) runs the invariant Triton kernel (then it reads ``visible_keys`` counts, or
+    builds them from ``q_pos``/``k_len``, and reads an FP8 cache in place). Exact mode always does on CUDA in BF16/FP16 (the
     kernel refuses other head sizes with a ValueError)."""
     d = x.shape[-1] if head_dim is None else head_dim
     return triton_exact(x) and (exact or (_FAST_ATTENTION[0] != "sdpa" and d in TRITON_HEAD_DIMS))
@@ -205,16 +205,24 @@ def attention(
             ``attention_exact_triton`` (it needs the mask to be a prefix per query row, the form
             ``attention_mask`` builds); fast mode elsewhere runs SDPA.
         q_pos, k_len: [B, Lq] positions and [B] key counts the mask is built from
-            (``attention_mask``); the Triton path reads these instead of the mask.
+            (``attention_mask``); the Triton path builds ``visible_keys`` from them when ``mask``
+            is not already those counts (a bool mask is then not read).
     Returns:
         [B, H, Lq, D] in q.dtype.
     Raises:
-        ValueError: neither a mask nor ``q_pos``/``k_len``; FP8 k/v without scales.
+        ValueError: neither a mask nor ``q_pos``/``k_len``; a mask neither bool nor [B, Lq]
+            integer counts; FP8 k/v without scales.
     """
+    counts = mask is not None and mask.dtype != torch.bool
+    if counts and (mask.dim() != 2 or mask.dtype.is_floating_point or mask.dtype.is_complex):
+        raise ValueError(
+            f"mask must be bool [B, 1, Lq, Lk] or integer counts [B, Lq] (visible_keys), "
+            f"got {mask.dtype} {tuple(mask.shape)}"
+        )
     if triton_attention(q, exact=exact):
         from fp8rl.kernels.attention_exact_triton import exact_attention
 
-        if mask is not None and mask.dtype != torch.bool:
+        if counts:
             n_visible = mask
         elif q_pos is not None and k_len is not None:
             n_visible = visible_keys(q_pos, k_len)
@@ -230,7 +238,7 @@ def attention(
         if k_scale is None or v_scale is None:
             raise ValueError("FP8 k/v need k_scale and v_scale")
         k, v = kv_dequantize(k, k_scale, q.dtype), kv_dequantize(v, v_scale, q.dtype)
-    if mask is not None and mask.dtype != torch.bool:  # visible_keys' counts
+    if counts:  # visible_keys' counts
         mask = (torch.arange(k.shape[2], device=mask.device) < mask[:, :, None])[:, None]
     if mask is None:
         if q_pos is None or k_len is None:

@@ -47,6 +47,15 @@ def attention_cases() -> None:
             )
             same &= torch.equal(step, out.detach()[:, :, p : p + 1])
     print(f"attn_decode same={same}")
+    # counts past the keys given (int64, non-contiguous) act as the keys given (the kernels clamp)
+    qs, kk, vv = (t.clone().requires_grad_() for t in (q[:, :, 25:27], k[:, :, :20], v[:, :, :20]))
+    over = torch.tensor([[26], [60]]).expand(b, 2)
+    outs = [att.exact_attention(qs, kk, vv, over, scale=d**-0.5)]
+    grads = torch.autograd.grad(outs[0].float().sum(), (qs, kk, vv))
+    outs.append(att.exact_attention(qs, kk, vv, torch.full((b, 2), 20), scale=d**-0.5))
+    grads_in = torch.autograd.grad(outs[1].float().sum(), (qs, kk, vv))
+    clamp = torch.equal(*outs) and all(map(torch.equal, grads, grads_in))
+    print(f"attn_clamp same={clamp}")
     g = torch.randn_like(out)
     (out.float() * g.float()).sum().backward()
     ref_ins = [t.double().requires_grad_() for t in (q, k, v)]

@@ -12,7 +12,13 @@ import torch
 
 from fp8rl.kernels.attention_exact_triton import exact_attention
 from fp8rl.kernels.dense_exact_triton import exact_dense_gemm, exact_token_logprobs
-from fp8rl.kernels.invariant import attention, attention_mask, dense_linear, token_logprobs
+from fp8rl.kernels.invariant import (
+    attention,
+    attention_mask,
+    dense_linear,
+    token_logprobs,
+    visible_keys,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -58,7 +64,9 @@ def test_full_sequence_rows_equal_decode_steps_over_larger_caches(length):
             assert torch.equal(out, full[:, :, p : p + 1]), (capacity, p)
 
 
-@pytest.mark.parametrize(("h", "hkv", "d"), [(32, 8, 128), (28, 4, 128), (16, 2, 64), (16, 1, 128)])
+@pytest.mark.parametrize(
+    ("h", "hkv", "d"), [(32, 8, 128), (28, 4, 128), (16, 2, 64), (16, 1, 128), (8, 2, 256)]
+)
 def test_decode_rows_are_the_trainer_rows_and_decode_tiles_stay_close(h, hkv, d):
     """A decode call (Lq = 1) must give each row bitwise the trainer's row of that position for
     Llama (G 4), Qwen (G 7), G 8 and G 16, positions on both sides of key-block edges. The
@@ -97,6 +105,8 @@ def test_prefix_keyword_arguments_match_the_mask():
     a = attention(q, k, v, mask, scale=d**-0.5, exact=True)
     kw = attention(q, k, v, mask, scale=d**-0.5, exact=True, q_pos=pos, k_len=k_len)
     assert torch.equal(a, kw)
+    counts = attention(q, k, v, visible_keys(pos, k_len), scale=d**-0.5, exact=True)
+    assert torch.equal(a, counts)
 
 
 @pytest.mark.parametrize("exact", [True, False])

@@ -36,6 +36,10 @@ def test_decode_rows_equal_full_sequence_rows_over_larger_caches(fields):
     assert fields["attn_decode"]["same"] == "True"
 
 
+def test_visible_counts_past_the_keys_given_act_as_the_keys_given(fields):
+    assert fields["attn_clamp"]["same"] == "True"
+
+
 @pytest.mark.parametrize("grad", ["attn_dq", "attn_dk", "attn_dv"])
 def test_attention_gradients_are_close_to_float64(fields, grad):
     assert float(fields[grad]["rel"]) < 5e-3

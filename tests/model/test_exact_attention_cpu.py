@@ -72,6 +72,8 @@ def test_attention_without_a_mask_or_positions_or_fp8_scales_is_refused():
     q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
     with pytest.raises(ValueError, match="mask or q_pos"):
         attention(q, k, k, None, scale=1.0)
+    with pytest.raises(ValueError, match="integer counts"):  # an additive float mask
+        attention(q, k, k, torch.zeros(1, 1, 3, 3), scale=1.0)
     codes = k.to(torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="k_scale"):
         attention(q, codes, codes, None, scale=1.0, q_pos=torch.zeros(1, 3), k_len=torch.ones(1))
