@@ -169,7 +169,7 @@ def main() -> None:
         choices=FAST_ATTENTION_KERNELS,
         help="fast mode's attention on CUDA (kernels.invariant.set_fast_attention): the "
         "invariant Triton kernel (default; the engine reads the KV cache in place), the same "
-        "with 16-row decode tiles (not bitwise the trainer), or SDPA",
+        "with 16-row decode tiles (not bitwise the trainer; exact mode never runs them), or SDPA",
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path)

@@ -214,11 +214,14 @@ def attention(
             integer counts; FP8 k/v without scales.
     """
     counts = mask is not None and mask.dtype != torch.bool
-    if counts and (mask.dim() != 2 or mask.dtype.is_floating_point or mask.dtype.is_complex):
-        raise ValueError(
-            f"mask must be bool [B, 1, Lq, Lk] or integer counts [B, Lq] (visible_keys), "
-            f"got {mask.dtype} {tuple(mask.shape)}"
-        )
+    if mask is not None:
+        b, _, lq, _ = q.shape
+        want = (b, lq) if counts else (b, 1, lq, k.shape[2])
+        if tuple(mask.shape) != want or mask.dtype.is_floating_point or mask.dtype.is_complex:
+            raise ValueError(
+                f"mask must be bool [B, 1, Lq, Lk] = {(b, 1, lq, k.shape[2])} or integer counts "
+                f"[B, Lq] = {(b, lq)} (visible_keys), got {mask.dtype} {tuple(mask.shape)}"
+            )
     if triton_attention(q, exact=exact):
         from fp8rl.kernels.attention_exact_triton import exact_attention
 

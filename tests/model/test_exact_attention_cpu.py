@@ -74,6 +74,10 @@ def test_attention_without_a_mask_or_positions_or_fp8_scales_is_refused():
         attention(q, k, k, None, scale=1.0)
     with pytest.raises(ValueError, match="integer counts"):  # an additive float mask
         attention(q, k, k, torch.zeros(1, 1, 3, 3), scale=1.0)
+    with pytest.raises(ValueError, match=r"got torch.bool \(1, 3, 3\)"):  # no head axis
+        attention(q, k, k, torch.ones(1, 3, 3, dtype=torch.bool), scale=1.0)
+    with pytest.raises(ValueError, match=r"\[B, Lq\] = \(1, 3\)"):  # counts per key, not query
+        attention(q, k[:, :, :2], k[:, :, :2], torch.ones(1, 2, dtype=torch.int32), scale=1.0)
     codes = k.to(torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="k_scale"):
         attention(q, codes, codes, None, scale=1.0, q_pos=torch.zeros(1, 3), k_len=torch.ones(1))
