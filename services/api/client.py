@@ -149,6 +149,7 @@ class ApiClient:
         """Follow GET /runs/{id}/events until a terminal ``state`` event, reconnecting with
         ``Last-Event-ID`` after dropped connections (at most ``max_reconnects`` in a row)."""
         failures = 0
+        limits = self._http.timeout
         while True:
             headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
             try:
@@ -156,7 +157,9 @@ class ApiClient:
                     "GET",
                     f"{API_PREFIX}/runs/{run_id}/events",
                     headers=headers,
-                    timeout=httpx.Timeout(self._http.timeout.connect, read=None),
+                    # (connect, read, write, pool) with no read limit: a plain tuple, which
+                    # both httpx and httpx2 (starlette's TestClient) clients accept.
+                    timeout=(limits.connect, None, limits.write, limits.pool),
                 ) as response:
                     if response.status_code >= 400:
                         response.read()

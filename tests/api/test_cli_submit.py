@@ -16,7 +16,8 @@ from fp8rl.services.store.reporter import RunReporter
 
 
 class InProcessClient(ApiClient):
-    """An ApiClient over the app's TestClient (an httpx.Client), which the fixture closes."""
+    """An ApiClient over the app's TestClient (an httpx2 or httpx Client, as starlette picks), which
+    the fixture closes."""
 
     def __init__(self, test_client, token: str) -> None:
         super().__init__("http://testserver", token)
