@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 14, 2026-12-04 (evening): fast mode's attention on the invariant Triton kernel (the one
-# exact mode runs), the KV cache (BF16 or FP8) read in place. `bash benchmarks/h14t.sh 1|2`.
+# exact mode runs), the KV cache (BF16 or FP8) read in place. `bash benchmarks/device_calls/h14t.sh 1|2`.
 #   1: GPU tests (the FP8-in-place rows, fast vs exact kernel, parity, graph decode), the decode
 #      attention micro-benchmark, a 32-layer decode A/B at gen 512 (triton vs sdpa, FP8 and BF16)
 #   2: gen 4096 (BF16 KV / FP8 KV), train_step.py A/B at 16K tokens, the fast-mode mismatch

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 14, 2026-12-04 (evening), after h14t.sh: the engine keeps its decode graphs between
-# generate calls; the FP8-cache forward runs 3 pipeline stages. `bash benchmarks/h14u.sh 1|2`.
+# generate calls; the FP8-cache forward runs 3 pipeline stages. `bash benchmarks/device_calls/h14u.sh 1|2`.
 #   1: GPU tests (kept graphs after an in-place weight update, graph vs eager, parity, the
 #      attention kernel's FP8 rows and fast/exact rows, the loop with an FP8 KV cache), then a
 #      32-layer decode at gen 512, batch 64/256, FP8 and BF16 (first and second call of a shape)
