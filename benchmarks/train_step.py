@@ -13,6 +13,11 @@ profiles run after the timing; a later row of the same process runs slower after
 ``--grouped on off``: FP8 rows with q/k/v and gate/up as one GEMM per pass
 (``kernels.linear_group``, the default) and per module (the path before it).
 
+``--tail fused torch``: the scoring tail (lm_head + log-softmax) as the trainers run it (the FP32
+head cast to BF16 once per pass, ``Decoder.head``; the Triton log-softmax rows,
+``invariant.set_fast_logprobs``) and/or as before 2026-12-05 (cast per chunk and per recompute;
+float32 ``log_softmax``).
+
 ``--checks``: the quantizers' NaN/inf check in FP8 rows: ``deferred`` (what the trainers run:
 one host sync after the backward), ``sync`` (one host sync per quantization, the trainer before
 issue 14's deferral) or ``off``.
@@ -22,15 +27,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import time
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from fp8rl.kernels import deferred_finite_checks
-from fp8rl.kernels.invariant import set_fast_attention
+from fp8rl.kernels.invariant import set_fast_attention, set_fast_logprobs
 from fp8rl.kernels.linear_group import set_grouped
 from fp8rl.protocol import QuantConfig
 from fp8rl.workers.model.build import build_decoder
@@ -38,7 +45,7 @@ from fp8rl.workers.model.config import PRESETS
 from fp8rl.workers.model.linear import LayerPrecision
 
 
-def build(cfg, mode: str, exact: bool, seq: int, checks: str):
+def build(cfg, mode: str, exact: bool, seq: int, checks: str, tail: str = "fused"):
     fp8 = mode == "unified_fp8"
     precision = LayerPrecision(
         dtype=torch.bfloat16, fp8=fp8, quant=QuantConfig() if fp8 else None, exact=exact
@@ -49,6 +56,8 @@ def build(cfg, mode: str, exact: bool, seq: int, checks: str):
     for module in model.modules():
         if hasattr(module, "check_finite"):
             module.check_finite = checks != "off"
+    if tail == "torch":  # the head cast per call, as before Decoder.head
+        model.head = lambda tied_head=None: partial(model.logits, tied_head=tied_head)
     return model.train()
 
 
@@ -104,14 +113,16 @@ def top_host_functions(model, optimizer, ids, checks: str, count: int = 25) -> l
 
 
 def measure(
-    cfg, mode: str, tokens: int, seq: int, steps: int, exact: bool, checks: str, profile: bool
-) -> dict:
+    cfg, mode: str, tokens: int, seq: int, steps: int, exact: bool, checks: str, profile: bool,
+    tail: str = "fused",
+) -> dict:  # fmt: skip
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    model = build(cfg, mode, exact, seq, checks)
+    set_fast_logprobs("torch" if tail == "torch" else "triton")
+    model = build(cfg, mode, exact, seq, checks, tail)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
     ids = torch.randint(0, cfg.vocab_size, (tokens // seq, seq), device="cuda")
-    row = {"mode": mode, "exact": exact, "checks": checks, "tokens": tokens}
+    row = {"mode": mode, "exact": exact, "checks": checks, "tokens": tokens, "tail": tail}
     row["layers"] = cfg.num_hidden_layers
     try:
         step(model, optimizer, ids, checks)  # warm-up (compiles kernels, allocates optimizer state)
@@ -160,6 +171,14 @@ def main() -> None:
         help="fast mode's attention on CUDA (kernels.invariant.set_fast_attention): the "
         "invariant Triton kernel (default; the engine reads the KV cache in place) or SDPA",
     )
+    parser.add_argument(
+        "--tail",
+        nargs="+",
+        default=["fused"],
+        choices=["fused", "torch"],
+        help="scoring tail: head cast once + Triton log-softmax (fused, the default) and/or the "
+        "per-chunk cast + float32 log_softmax of before 2026-12-05 (torch)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     set_fast_attention(args.attention)
@@ -175,10 +194,10 @@ def main() -> None:
     ]
     rows = []
     for i, tokens in enumerate(args.tokens):
-        for mode, exact, checks, grouped in runs:
+        for (mode, exact, checks, grouped), tail in itertools.product(runs, args.tail):
             prof = args.profile and i == 0
             set_grouped(grouped == "on")
-            rows.append(measure(cfg, mode, tokens, args.seq, args.steps, exact, checks, prof))
+            rows.append(measure(cfg, mode, tokens, args.seq, args.steps, exact, checks, prof, tail))
             rows[-1]["grouped"] = grouped
             print(
                 json.dumps({k: v for k, v in rows[-1].items() if not k.startswith("top_")}),
@@ -189,20 +208,24 @@ def main() -> None:
         f"fast attention {args.attention}",
         f"{time.strftime('%Y-%m-%d')} · {torch.cuda.get_device_name()} · torch {torch.__version__}",
         "",
-        "| mode | exact | NaN checks | q/k/v, gate/up grouped | tokens | step s | vs BF16 | peak GiB |",
-        "|---|---|---|---|---|---|---|---|",
+        "| mode | exact | NaN checks | q/k/v, gate/up grouped | tail | tokens | step s | vs BF16 | peak GiB |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        base = [x for x in rows if x["mode"] == "bf16" and x["tokens"] == r["tokens"]]
+        base = [
+            x
+            for x in rows
+            if x["mode"] == "bf16" and x["tokens"] == r["tokens"] and x["tail"] == r["tail"]
+        ]
         ratio = f"{base[0]['step_s'] / r['step_s']:.2f}×" if base else "—"  # no BF16 row run
         lines.append(
-            f"| {r['mode']} | {r['exact']} | {r['checks']} | {r['grouped']} | {r['tokens']} | {r['step_s']:.3f} | "
+            f"| {r['mode']} | {r['exact']} | {r['checks']} | {r['grouped']} | {r['tail']} | {r['tokens']} | {r['step_s']:.3f} | "
             f"{ratio} | {r['peak_gib']:.1f} |"
         )
     for r in rows:
         for k in r.get("top_kernels", []):
             lines.append(
-                f"- {r['mode']} exact={r['exact']} checks={r['checks']} grouped={r['grouped']}: {k['ms']:.1f} ms ({k['share']:.0%}) {k['kernel']}"
+                f"- {r['mode']} exact={r['exact']} checks={r['checks']} grouped={r['grouped']} tail={r['tail']}: {k['ms']:.1f} ms ({k['share']:.0%}) {k['kernel']}"
             )
     for r in rows:
         for f in r.get("top_host", []):

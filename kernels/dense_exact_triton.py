@@ -1,4 +1,5 @@
-"""Batch-invariant BF16 dense GEMM and token log-softmax for ``precision.exact`` on CUDA (Triton).
+"""Batch-invariant BF16 dense GEMM for ``precision.exact`` on CUDA (Triton); the token
+log-softmax rows are ``logprob_triton``'s.
 
 The exact vocabulary head on CPU is float64 (``dense_exact.py``, ``invariant.token_logprobs``);
 on the H200 that float64 GEMM and the float64 [T, V] log-softmax cost more than the whole fast
@@ -11,9 +12,6 @@ fp32 accumulation:
   excluded from Triton's specialisation), no split-K, no atomics. An MMA tile's row does not read
   other rows, so row i of a 1-row call equals row i of a 4096-row call bitwise (the argument of
   ``gemm_triton.py``'s exact mode).
-* ``exact_token_logprobs``: ``log p(token) = x[token]/T - logsumexp(x/T)`` in fp32, one program
-  per row walking the vocabulary in ``LSE_BLOCK`` chunks from 0 with a per-lane online
-  max/sum-exp, then one fixed-shape tree reduction: independent of the number of rows.
 
 Backward passes (trainer only) use cuBLAS / torch in the compute dtype with fp32 accumulation:
 deterministic, not bitwise anything.
@@ -28,9 +26,8 @@ from torch import Tensor
 
 GEMM_BLOCK = (128, 128, 64)  # BLOCK_M, BLOCK_N, BLOCK_K
 GEMM_WARPS, GEMM_STAGES, GROUP_M = 8, 3, 8
-LSE_BLOCK, LSE_WARPS = 4096, 8
 
-__all__ = ["exact_dense_gemm", "exact_token_logprobs"]
+__all__ = ["exact_dense_gemm"]
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -85,94 +82,39 @@ def _gemm(x2: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
 
 class _ExactDense(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        w = weight.to(x.dtype).contiguous()
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, cast: Tensor | None):
+        w = (weight.to(x.dtype) if cast is None else cast).contiguous()
         b = None if bias is None else bias.to(x.dtype).contiguous()
         x2 = x.reshape(-1, x.shape[-1]).contiguous()
-        ctx.save_for_backward(x, weight, bias)
+        ctx.save_for_backward(x, weight, bias, cast)
         return _gemm(x2, w, b).reshape(*x.shape[:-1], w.shape[0])
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        x, weight, bias = ctx.saved_tensors
-        need_x, need_w, need_b = ctx.needs_input_grad
+        x, weight, bias, cast = ctx.saved_tensors
+        need_x, need_w, need_b, _ = ctx.needs_input_grad
         g = grad_out.reshape(-1, grad_out.shape[-1])
         x2 = x.reshape(-1, x.shape[-1])
-        grad_x = (g @ weight.to(x.dtype)).reshape(x.shape) if need_x else None
+        w = weight.to(x.dtype) if cast is None else cast
+        grad_x = (g @ w).reshape(x.shape) if need_x else None
         grad_w = (g.t() @ x2).to(weight.dtype) if need_w else None
         grad_b = g.float().sum(0).to(x.dtype).to(bias.dtype) if need_b else None
-        return grad_x, grad_w, grad_b
+        return grad_x, grad_w, grad_b, None
 
 
-def exact_dense_gemm(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+def exact_dense_gemm(
+    x: Tensor, weight: Tensor, bias: Tensor | None = None, *, cast: Tensor | None = None
+) -> Tensor:
     """y = x·Wᵀ + b with a batch-invariant fixed-tile Triton GEMM (fp32 accumulation).
 
     Args:
         x: [..., K] BF16/FP16 on CUDA. weight: [N, K] (any float dtype; used as its x.dtype
             copy, like ``invariant.dense_linear``). bias: [N] or None.
+        cast: that x.dtype copy made once for several calls (``dense_cast.cast_weight``), or
+            None to cast here.
     Returns:
         [..., N] in x.dtype; differentiable (backward through cuBLAS, deterministic).
     """
-    return _ExactDense.apply(x, weight, bias)
-
-
-@triton.jit(do_not_specialize=["V", "stride"])
-def _lse_kernel(x_ptr, tok_ptr, out_ptr, lse_ptr, V, stride, temperature, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    base = x_ptr + row * stride
-    cols = tl.arange(0, BLOCK)
-    m = tl.full([BLOCK], -3.0e38, tl.float32)
-    s = tl.zeros([BLOCK], tl.float32)
-    for start in range(0, V, BLOCK):
-        ok = start + cols < V
-        x = tl.load(base + start + cols, mask=ok, other=float("-inf")).to(tl.float32) / temperature
-        m_new = tl.maximum(m, x)
-        s = s * tl.exp(m - m_new) + tl.exp(x - m_new)
-        m = m_new
-    top = tl.max(m, 0)
-    lse = top + tl.log(tl.sum(s * tl.exp(m - top), 0))
-    tok = tl.load(tok_ptr + row)
-    picked = tl.load(base + tok).to(tl.float32) / temperature
-    tl.store(out_ptr + row, picked - lse)
-    tl.store(lse_ptr + row, lse)
-
-
-class _ExactLogprobs(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits: Tensor, tokens: Tensor, temperature: float) -> Tensor:
-        x = logits.reshape(-1, logits.shape[-1])
-        x = x if x.stride(-1) == 1 else x.contiguous()
-        tok = tokens.reshape(-1).contiguous()
-        out = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
-        lse = torch.empty_like(out)
-        if x.shape[0]:
-            _lse_kernel[(x.shape[0],)](
-                x, tok, out, lse, x.shape[1], x.stride(0), temperature,
-                BLOCK=LSE_BLOCK, num_warps=LSE_WARPS,
-            )  # fmt: skip
-        ctx.save_for_backward(logits, tokens, lse)
-        ctx.temperature = temperature
-        return out.reshape(tokens.shape)
-
-    @staticmethod
-    def backward(ctx, grad_out: Tensor):
-        logits, tokens, lse = ctx.saved_tensors
-        t = ctx.temperature
-        x = logits.reshape(-1, logits.shape[-1]).float() / t
-        grad = torch.exp(x - lse[:, None]).neg_()  # -softmax
-        rows = torch.arange(grad.shape[0], device=grad.device)
-        grad[rows, tokens.reshape(-1)] += 1.0
-        grad *= grad_out.reshape(-1, 1).float() / t
-        return grad.to(logits.dtype).reshape(logits.shape), None, None
-
-
-def exact_token_logprobs(logits: Tensor, tokens: Tensor, *, temperature: float = 1.0) -> Tensor:
-    """log p(token) under softmax(logits / temperature), per row in a batch-invariant order.
-
-    Args:
-        logits: [..., V] BF16/FP16/FP32 on CUDA. tokens: [...] int64 ids.
-        temperature: > 0 (callers map greedy to 1.0).
-    Returns:
-        [...] float32; differentiable in logits.
-    """
-    return _ExactLogprobs.apply(logits, tokens, float(temperature))
+    if cast is not None and (cast.shape != weight.shape or cast.dtype != x.dtype):
+        raise ValueError(f"cast {tuple(cast.shape)} {cast.dtype} is not weight in {x.dtype}")
+    return _ExactDense.apply(x, weight, bias, cast)

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fp8rl.kernels.backend import triton_available
+from fp8rl.kernels.dense_cast import cast_linear
 from fp8rl.kernels.dense_exact import MIN_ELEMENTS, DeferredWeightGrad, exact_dense_linear
 from fp8rl.kernels.fused import rms_norm_fast, silu_mul_fast
 from fp8rl.kernels.kv import kv_dequantize
@@ -275,6 +276,7 @@ def dense_linear(
     *,
     exact: bool = False,
     deferred: DeferredWeightGrad | None = None,
+    cast: Tensor | None = None,
 ) -> Tensor:
     """y = x·Wᵀ + b for layers kept in BF16/FP32 (lm_head, embeddings-tied heads, BF16 mode).
 
@@ -285,20 +287,60 @@ def dense_linear(
     (a vocabulary head) is processed ``dense_exact.ROWS`` rows at a time, forward and backward,
     so its float64 copy and gradient never exist whole. ``deferred`` (a tied head): that blocked
     path keeps ∇W for ``deferred.total`` instead of returning it; the other paths ignore it and
-    return ∇W to autograd.
+    return ∇W to autograd. ``cast``: ``dense_cast.cast_weight(weight, x.dtype)``, made once for
+    several calls (the chunks of one scoring pass): the fast and the Triton exact paths use it
+    instead of casting ``weight`` again (same bits, ∇W still to ``weight``); the float64 paths
+    ignore it.
     """
     if exact and triton_exact(x):
         from fp8rl.kernels.dense_exact_triton import exact_dense_gemm
 
-        return exact_dense_gemm(x, weight, bias)
+        return exact_dense_gemm(x, weight, bias, cast=cast)
     if exact and weight.numel() >= MIN_ELEMENTS:  # a vocabulary head: no float64 copy of it all
         return exact_dense_linear(x, weight, bias, deferred=deferred)
+    if cast is not None and not exact:
+        return cast_linear(x, weight, cast, bias)
     w = weight.to(x.dtype)
     b = None if bias is None else bias.to(x.dtype)
     if not exact:
         return F.linear(x, w, b)
     y = F.linear(x.double(), w.double(), None if b is None else b.double())
     return y.to(x.dtype)
+
+
+FAST_LOGPROBS_KERNELS = ("triton", "torch")
+_FAST_LOGPROBS = ["triton"]
+"""The fast mode's token log-softmax on CUDA (see ``set_fast_logprobs``)."""
+
+
+def set_fast_logprobs(kernel: str) -> str:
+    """Choose the fast (``exact=False``) mode's ``token_logprobs`` on CUDA, process-wide; returns
+    the previous choice.
+
+    "triton" (the default since 2026-12-05): exact mode's row kernels
+    (``logprob_triton.exact_token_logprobs``): the forward reads each BF16 logits row once
+    and writes one float32 per row, the backward reads the row once and writes ∇logits in the
+    logits' dtype. "torch": the float32 copy of the logits, ``log_softmax`` and ``gather`` (the
+    fast path before, ~31 bytes moved per logit for forward and backward against ~6), kept for
+    A/B benchmarks. Engine and trainer score through the same function, so either keeps their
+    logprobs bitwise equal.
+
+    Raises:
+        ValueError: ``kernel`` is not one of ``FAST_LOGPROBS_KERNELS``.
+    """
+    if kernel not in FAST_LOGPROBS_KERNELS:
+        raise ValueError(
+            f"fast logprobs kernel must be one of {FAST_LOGPROBS_KERNELS}, got {kernel!r}"
+        )
+    previous, _FAST_LOGPROBS[0] = _FAST_LOGPROBS[0], kernel
+    return previous
+
+
+def triton_logprobs(logits: Tensor, *, exact: bool) -> bool:
+    """Whether ``token_logprobs`` of ``logits`` runs the Triton rows of ``logprob_triton``
+    (CUDA with Triton; fast mode unless ``set_fast_logprobs("torch")``)."""
+    chosen = exact or _FAST_LOGPROBS[0] == "triton"
+    return chosen and logits.is_cuda and triton_available()
 
 
 def token_logprobs(
@@ -311,13 +353,14 @@ def token_logprobs(
 
     Args:
         logits: [..., V] (BF16 or FP32). tokens: [...] int64 ids.
-        exact: log-softmax in float64 (order-insensitive after rounding to float32); on CUDA
-            the batch-invariant fp32 Triton row kernel of ``dense_exact_triton``.
+        exact: log-softmax in float64 (order-insensitive after rounding to float32). On CUDA
+            both modes run the batch-invariant fp32 Triton rows of ``logprob_triton``
+            (``triton_logprobs``).
     Returns:
         [...] float32.
     """
-    if exact and logits.is_cuda and triton_available():
-        from fp8rl.kernels.dense_exact_triton import exact_token_logprobs
+    if triton_logprobs(logits, exact=exact):
+        from fp8rl.kernels.logprob_triton import exact_token_logprobs
 
         return exact_token_logprobs(
             logits, tokens, temperature=temperature if temperature > 0 else 1.0

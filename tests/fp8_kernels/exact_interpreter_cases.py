@@ -8,6 +8,7 @@ import torch
 
 from fp8rl.kernels import attention_exact_triton as att
 from fp8rl.kernels import dense_exact_triton as dense
+from fp8rl.kernels import logprob_triton as rows
 from fp8rl.kernels.invariant import attention_mask
 
 DT = torch.float16  # the interpreter's numpy has no bfloat16 dot
@@ -66,7 +67,7 @@ def attention_cases() -> None:
 
 
 def dense_cases() -> None:
-    dense.GEMM_BLOCK, dense.LSE_BLOCK = (16, 16, 16), 64
+    dense.GEMM_BLOCK, rows.LSE_BLOCK = (16, 16, 16), 64
     torch.manual_seed(1)
     x, w = torch.randn(37, 40, dtype=DT), torch.randn(70, 40)
     y = dense.exact_dense_gemm(x, w)
@@ -76,12 +77,35 @@ def dense_cases() -> None:
         f"gemm err={((y.double() - ref).abs().max() / ref.abs().max()).item():.3e} same={rows_same}"
     )
     logits, tok = torch.randn(7, 150), torch.randint(0, 150, (7,))
-    lp = dense.exact_token_logprobs(logits, tok, temperature=0.7)
+    lp = rows.exact_token_logprobs(logits, tok, temperature=0.7)
     ref = torch.log_softmax(logits.double() / 0.7, -1).gather(-1, tok[:, None])[:, 0]
-    one = dense.exact_token_logprobs(logits[3:4], tok[3:4], temperature=0.7)
+    one = rows.exact_token_logprobs(logits[3:4], tok[3:4], temperature=0.7)
     print(
         f"logprob err={(lp.double() - ref).abs().max().item():.3e} same={torch.equal(one[0], lp[3])}"
     )
+    g = torch.randn(7)
+    ref_in = logits.double().requires_grad_()
+    ref = torch.log_softmax(ref_in / 0.7, -1).gather(-1, tok[:, None])[:, 0]
+    (ref * g.double()).sum().backward()
+    for dtype in (torch.float32, DT):  # the gradient comes back in the logits' dtype
+        lg = logits.to(dtype).clone().requires_grad_()
+        (rows.exact_token_logprobs(lg, tok, temperature=0.7) * g).sum().backward()
+        err = (lg.grad.double() - ref_in.grad).abs().max() / ref_in.grad.abs().max()
+        print(f"logprob_grad_{str(dtype)[6:]} rel={err.item():.3e} dtype={lg.grad.dtype}")
+    g_ent = torch.randn(7)
+    ref_in = logits.double().requires_grad_()
+    ref_logp = torch.log_softmax(ref_in / 0.7, -1)
+    ref_ent = -(ref_logp.exp() * ref_logp).sum(-1)
+    (
+        ref_logp.gather(-1, tok[:, None])[:, 0] * g.double() + ref_ent * g_ent.double()
+    ).sum().backward()
+    lg = logits.clone().requires_grad_()
+    both, ent = rows.token_logprobs_entropy(lg, tok, temperature=0.7)
+    (both * g + ent * g_ent).sum().backward()
+    ent_err = (ent.double() - ref_ent).abs().max()
+    grad_err = (lg.grad.double() - ref_in.grad).abs().max() / ref_in.grad.abs().max()
+    same = torch.equal(both, lp)
+    print(f"entropy err={ent_err.item():.3e} grad_rel={grad_err.item():.3e} logp_same={same}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fp8rl.kernels.attention_exact_triton import exact_attention
-from fp8rl.kernels.dense_exact_triton import exact_dense_gemm, exact_token_logprobs
+from fp8rl.kernels.dense_exact_triton import exact_dense_gemm
 from fp8rl.kernels.invariant import (
     attention,
     attention_mask,
@@ -19,6 +19,7 @@ from fp8rl.kernels.invariant import (
     token_logprobs,
     visible_keys,
 )
+from fp8rl.kernels.logprob_triton import exact_token_logprobs, token_logprobs_entropy
 
 pytestmark = [
     pytest.mark.gpu,
@@ -229,3 +230,64 @@ def test_token_logprobs_gradient_matches_float64():
     ref_in = logits.detach().double().requires_grad_()
     torch.log_softmax(ref_in / 0.8, -1).gather(-1, tokens[:, None]).sum().backward()
     torch.testing.assert_close(got.double(), ref_in.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_fast_token_logprobs_are_the_exact_rows_and_close_to_the_torch_path():
+    from fp8rl.kernels.invariant import set_fast_logprobs
+
+    logits = torch.randn(64, 128256, device=CUDA, dtype=BF16) * 3
+    tokens = torch.randint(0, 128256, (64,), device=CUDA)
+    exact = token_logprobs(logits, tokens, temperature=0.7, exact=True)
+    assert torch.equal(token_logprobs(logits, tokens, temperature=0.7), exact)
+    previous = set_fast_logprobs("torch")
+    try:
+        torch_rows = token_logprobs(logits, tokens, temperature=0.7)
+    finally:
+        set_fast_logprobs(previous)
+    torch.testing.assert_close(torch_rows, exact, atol=1e-4, rtol=1e-5)
+
+
+def test_bf16_token_logprobs_gradient_is_close_to_float64_in_bf16():
+    logits = (torch.randn(16, 128256, device=CUDA) * 2).to(BF16).requires_grad_()
+    tokens = torch.randint(0, 128256, (16,), device=CUDA)
+    g = torch.randn(16, device=CUDA)
+    (token_logprobs(logits, tokens, temperature=0.7) * g).sum().backward()
+    ref_in = logits.detach().double().requires_grad_()
+    ref = torch.log_softmax(ref_in / 0.7, -1).gather(-1, tokens[:, None])[:, 0]
+    (ref * g.double()).sum().backward()
+    assert logits.grad.dtype == BF16
+    torch.testing.assert_close(logits.grad.double(), ref_in.grad, atol=1e-3, rtol=1e-2)
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_a_head_cast_once_gives_the_casting_head_bits_and_gradients(exact):
+    from fp8rl.kernels.dense_cast import cast_weight
+
+    w = (torch.randn(4000, 1024, device=CUDA) * 0.02).requires_grad_()
+    x = torch.randn(2048, 1024, device=CUDA, dtype=BF16, requires_grad=True)
+    g = torch.randn(2048, 4000, device=CUDA, dtype=BF16)
+    outs = []
+    for cast in (None, cast_weight(w, BF16)):
+        y = dense_linear(x, w, exact=exact, cast=cast)
+        y.backward(g)
+        outs.append((y, x.grad, w.grad))
+        x.grad = w.grad = None
+    for a, b in zip(*outs, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_logprobs_with_entropy_are_the_plain_rows_and_the_entropy_is_close_to_float64():
+    logits = (torch.randn(32, 128256, device=CUDA) * 3).to(BF16).requires_grad_()
+    tokens = torch.randint(0, 128256, (32,), device=CUDA)
+    g, g_ent = torch.randn(32, device=CUDA), torch.randn(32, device=CUDA)
+    logp, ent = token_logprobs_entropy(logits, tokens, temperature=0.7)
+    assert torch.equal(logp, exact_token_logprobs(logits.detach(), tokens, temperature=0.7))
+    (logp * g + ent * g_ent).sum().backward()
+    ref_in = logits.detach().double().requires_grad_()
+    ref_logp = torch.log_softmax(ref_in / 0.7, -1)
+    ref_ent = -(ref_logp.exp() * ref_logp).sum(-1)
+    torch.testing.assert_close(ent.double(), ref_ent.detach(), atol=1e-4, rtol=1e-5)
+    (
+        ref_logp.gather(-1, tokens[:, None])[:, 0] * g.double() + ref_ent * g_ent.double()
+    ).sum().backward()
+    torch.testing.assert_close(logits.grad.double(), ref_in.grad, atol=1e-3, rtol=1e-2)

@@ -48,3 +48,17 @@ def test_attention_gradients_are_close_to_float64(fields, grad):
 def test_dense_gemm_and_logprobs_are_row_invariant_and_close_to_float64(fields):
     assert fields["gemm"]["same"] == "True" and float(fields["gemm"]["err"]) < 5e-3
     assert fields["logprob"]["same"] == "True" and float(fields["logprob"]["err"]) < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("case", "dtype", "bound"), [("float32", "float32", 1e-5), ("float16", "float16", 2e-3)]
+)
+def test_logprob_gradient_is_close_to_float64_in_the_logits_dtype(fields, case, dtype, bound):
+    got = fields[f"logprob_grad_{case}"]
+    assert float(got["rel"]) < bound and got["dtype"] == f"torch.{dtype}"
+
+
+def test_entropy_rows_keep_the_plain_logprobs_and_are_close_to_float64(fields):
+    got = fields["entropy"]
+    assert got["logp_same"] == "True"
+    assert float(got["err"]) < 1e-5 and float(got["grad_rel"]) < 1e-5

@@ -1,15 +1,30 @@
-"""Chunked lm_head + log-softmax equals the unchunked tail; FP8 KV cache lets k/v grads flow."""
+"""Chunked lm_head + log-softmax equals the unchunked tail (its FP32 head cast once per pass);
+FP8 KV cache lets k/v grads flow."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fp8rl.kernels.invariant import token_logprobs
 from fp8rl.protocol import parse_job_spec
 from fp8rl.workers.algorithms import entropy_from_logits
 from fp8rl.workers.common import load_model
 from fp8rl.workers.model.logprob import chunked_logprobs
+
+
+class _CountCasts(TorchDispatchMode):
+    """Counts dtype casts (``aten._to_copy``) of tensors of one shape."""
+
+    def __init__(self, shape):
+        super().__init__()
+        self.shape, self.count = tuple(shape), 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._to_copy.default and tuple(args[0].shape) == self.shape:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
 
 
 def _trainer_model(*overrides):
@@ -84,3 +99,28 @@ def test_fp8_kv_cache_trainer_gets_nonzero_k_and_v_projection_grads():
     for layer in model.model.layers:
         for proj in (layer.self_attn.k_proj, layer.self_attn.v_proj):
             assert float(proj.weight.grad.abs().sum()) > 0
+
+
+def test_chunked_head_casts_the_master_weight_once_and_keeps_the_bits():
+    model = _trainer_model("precision.exact=false")  # tiny-llama ties its head to the embedding
+    head = model.model.embed_tokens.weight
+    assert head.dtype == torch.float32 and model.compute_dtype == torch.bfloat16
+    torch.manual_seed(1)
+    hidden = torch.randn(3, 7, model.config.hidden_size, dtype=torch.bfloat16)
+    tokens = torch.randint(0, model.config.vocab_size, (3, 7))
+    results = []
+    for make_fn in (lambda: model.logits, model.head):  # per-call casts, then the one cast
+        h = hidden.clone().requires_grad_(True)
+        with _CountCasts(head.shape) as casts:
+            logp, entropy = chunked_logprobs(
+                make_fn(), h, tokens, temperature=0.7, exact=False, with_entropy=True, chunk=4
+            )
+            (logp.sum() + entropy.sum()).backward()
+        results.append((logp, entropy, h.grad, head.grad.clone(), casts.count))
+        model.zero_grad()
+    per_call, once = results
+    chunks = 6  # 21 tokens in chunks of 4
+    assert per_call[4] == 2 * chunks + chunks  # forward + recompute casts, one ∇W cast per chunk
+    assert once[4] == 1 + chunks  # one cast for the pass; the ∇W casts stay
+    for a, b in zip(per_call[:4], once[:4], strict=True):
+        assert torch.equal(a, b)

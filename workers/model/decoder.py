@@ -16,6 +16,7 @@ so safetensors load without a mapping table.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -26,6 +27,7 @@ from torch.utils.checkpoint import checkpoint
 
 from fp8rl.kernels.backend import triton_available
 from fp8rl.kernels.decode_attention import decode_attention, use_decode_attention
+from fp8rl.kernels.dense_cast import cast_weight
 from fp8rl.kernels.dense_exact import DeferredWeightGrad
 from fp8rl.kernels.fused import add_rms_norm_quant, silu_mul_quant
 from fp8rl.kernels.gemm import fp8_gemm
@@ -50,7 +52,7 @@ from fp8rl.kernels.quant import QuantizedTensor
 from fp8rl.kernels.rope_kv import rope_kv_write
 from fp8rl.workers.model.config import DecoderConfig
 from fp8rl.workers.model.fusion import fuse_quantized_linears, still_fused
-from fp8rl.workers.model.linear import LayerPrecision, make_linear
+from fp8rl.workers.model.linear import DenseLinear, LayerPrecision, make_linear
 from fp8rl.workers.model.recompute import recomputed
 from fp8rl.workers.model.tied_grad import defers_head_grad, tied_embedding
 
@@ -503,6 +505,29 @@ class Decoder(nn.Module):
             return dense_linear(hidden, weight, exact=exact, deferred=tied_head)
         return self.lm_head(hidden)
 
+    def head(self, tied_head: DeferredWeightGrad | None = None) -> Callable[[Tensor], Tensor]:
+        """``logits`` as the function ``chunked_logprobs`` calls per chunk of one scoring pass.
+
+        A dense head whose master weight is not in the compute dtype (the trainer's FP32 master)
+        is cast once here, for every chunk and every chunk's recompute in the backward, instead
+        of once per call (``kernels.dense_cast``: same logits, same gradients, bitwise). The copy
+        lives as long as the pass's autograd graph. ``hidden [n, H] → logits [n, V]``.
+        """
+        tied = self.config.tie_word_embeddings
+        weight = self.model.embed_tokens.weight if tied else getattr(self.lm_head, "weight", None)
+        dense = tied or isinstance(self.lm_head, DenseLinear)
+        on_cpu_exact = self.precision.exact and weight is not None and not weight.is_cuda
+        cast = None
+        if dense and not on_cpu_exact:  # CPU exact heads run float64 GEMMs: nothing to reuse
+            cast = cast_weight(weight, self.compute_dtype)
+        if cast is None:
+            return partial(self.logits, tied_head=tied_head)
+        bias = None if tied else self.lm_head.bias
+        return partial(
+            dense_linear, weight=weight, bias=bias, exact=self.precision.exact,
+            deferred=tied_head, cast=cast,
+        )  # fmt: skip
+
     def score_responses(
         self,
         input_ids: Tensor,
@@ -540,7 +565,7 @@ class Decoder(nn.Module):
         idx = idx.clamp(max=hidden.shape[1] - 1)
         hidden = hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1]))
         return chunked_logprobs(
-            partial(self.logits, tied_head=tied),
+            self.head(tied),
             hidden,
             response_ids,
             temperature=temperature,
@@ -556,6 +581,6 @@ class Decoder(nn.Module):
         from fp8rl.workers.model.logprob import chunked_logprobs
 
         logp, _ = chunked_logprobs(
-            self.logits, hidden, tokens, temperature=temperature, exact=self.precision.exact
+            self.head(), hidden, tokens, temperature=temperature, exact=self.precision.exact
         )
         return logp

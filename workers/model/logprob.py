@@ -8,6 +8,11 @@ each chunk's logits in the backward (activation checkpointing), so only [chunk, 
 Every row is computed by the same per-row ops as the unchunked composition
 ``token_logprobs(logits(hidden))``, so the result is bitwise equal to it wherever the lm_head GEMM
 is batch-invariant (always in exact mode).
+
+On CUDA the log-softmax (and the entropy, in the same pass) are the Triton rows of
+``kernels.logprob_triton``: the BF16 logits are read, never copied to float32. The decoder's
+``head()`` casts an FP32 master head to BF16 once for all chunks and recomputes
+(``kernels.dense_cast``).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from fp8rl.kernels.invariant import token_logprobs
+from fp8rl.kernels.invariant import token_logprobs, triton_logprobs
 from fp8rl.workers.algorithms import entropy_from_logits
 
 CHUNK_TOKENS = 2048
@@ -84,8 +89,17 @@ def _chunk(
     with_entropy: bool,
 ) -> tuple[Tensor, Tensor | None]:
     logits = logits_fn(hidden)
+    if with_entropy and triton_logprobs(logits, exact=exact):  # one pass over each row
+        from fp8rl.kernels.logprob_triton import token_logprobs_entropy
+
+        return token_logprobs_entropy(logits, tokens, temperature=_scored(temperature))
     logp = token_logprobs(logits, tokens, temperature=temperature, exact=exact)
     if not with_entropy:
         return logp, None
     scaled = logits if temperature <= 0 else logits.float() / temperature
     return logp, entropy_from_logits(scaled)
+
+
+def _scored(temperature: float) -> float:
+    """The temperature a row is scored at (greedy, T ≤ 0, scores the T = 1 softmax)."""
+    return temperature if temperature > 0 else 1.0

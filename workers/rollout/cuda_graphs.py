@@ -33,7 +33,7 @@ from fp8rl.workers.rollout.sampling import draw
 
 def kernel_switches() -> tuple:
     """The process-wide kernel choices a captured step bakes in (``invariant.set_fast_attention``,
-    ``decode_attention.set_enabled``, ``gemm_decode_triton.set_enabled``/``set_parity_safe``,
+    ``set_fast_logprobs``, ``decode_attention.set_enabled``, ``gemm_decode_triton.set_enabled``/``set_parity_safe``,
     ``rope_kv.set_fused``): kept graphs serve a chunk only while these are unchanged. The
     decode GEMM's are read only once its module is loaded (it imports Triton; not loaded, its
     switches are unset)."""
@@ -42,6 +42,7 @@ def kernel_switches() -> tuple:
     gemm = sys.modules.get("fp8rl.kernels.gemm_decode_triton")
     return (
         invariant._FAST_ATTENTION[0],
+        invariant._FAST_LOGPROBS[0],
         decode_attention._ENABLED[0],
         rope_kv._FUSED[0],
         None if gemm is None else (gemm._ENABLED[0], gemm._PARITY_SAFE[0]),
