@@ -15,7 +15,7 @@ profiles run after the timing; a later row of the same process runs slower after
 
 ``--tail fused torch``: the scoring tail (lm_head + log-softmax) as the trainers run it (the FP32
 head cast to BF16 once per pass, ``Decoder.head``; the Triton log-softmax rows,
-``invariant.set_fast_logprobs``) and/or as before 2026-12-05 (cast per chunk and per recompute;
+``invariant.set_fast_logprobs``) and/or as before 2026-12-04 (cast per chunk and per recompute;
 float32 ``log_softmax``).
 
 ``--checks``: the quantizers' NaN/inf check in FP8 rows: ``deferred`` (what the trainers run:
@@ -177,7 +177,7 @@ def main() -> None:
         default=["fused"],
         choices=["fused", "torch"],
         help="scoring tail: head cast once + Triton log-softmax (fused, the default) and/or the "
-        "per-chunk cast + float32 log_softmax of before 2026-12-05 (torch)",
+        "per-chunk cast + float32 log_softmax of before 2026-12-04 (torch)",
     )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()

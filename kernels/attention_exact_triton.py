@@ -78,9 +78,14 @@ size 256 (3 stages of its tiles would not fit in shared memory)."""
 DECODE_BLOCK_M = 16
 """Row tile of a BF16 ``decode_tiles`` call (Lq = 1) with at most this many query heads per KV
 head (module doc, "Decode tiles")."""
-BWD_BLOCK_M = 64  # the backward need not be invariant: its tiles are free to tune
-BWD_BLOCK_N = 64
-BWD_WARPS = 8
+DQ_TILES = (64, 64, 8, NUM_STAGES)
+"""(query rows, keys, warps, stages) of the backward's dQ kernel. The backward need not be
+invariant, so its tiles are free to tune, each kernel its own (FlashAttention-2's dQ pass
+favours tall row tiles, its dK/dV pass wide key tiles); ``benchmarks/attention_exact_sweep.py``
+times candidates at the trainer's shape. 64×64, 8 warps, 2 stages: the configuration both
+kernels shared before 2026-12-04 night (not yet swept on the H200)."""
+DKDV_TILES = (64, 64, 8, NUM_STAGES)
+"""(query rows, keys, warps, stages) of the backward's dK/dV kernel (see ``DQ_TILES``)."""
 _LOG2E = 1.4426950408889634
 
 __all__ = ["BLOCK_M", "BLOCK_N", "exact_attention"]
@@ -314,18 +319,19 @@ class _ExactAttention(torch.autograd.Function):
         dq = torch.empty_like(q, memory_format=torch.contiguous_format)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         qk_scale = ctx.scale * _LOG2E
-        _bwd_dq_kernel[(triton.cdiv(r, BWD_BLOCK_M), b * hkv)](
+        (dq_m, dq_n, dq_warps, dq_stages), (kv_m, kv_n, kv_warps, kv_stages) = DQ_TILES, DKDV_TILES
+        _bwd_dq_kernel[(triton.cdiv(r, dq_m), b * hkv)](
             q, k, v, do, dq, lse, delta, nvis, lq, lk, r, g, hkv, qk_scale, ctx.scale,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
             dq.stride(0), dq.stride(1), dq.stride(2),
-            D=d, BM=BWD_BLOCK_M, BN=BWD_BLOCK_N, num_warps=BWD_WARPS, num_stages=NUM_STAGES,
+            D=d, BM=dq_m, BN=dq_n, num_warps=dq_warps, num_stages=dq_stages,
         )  # fmt: skip
-        _bwd_dkdv_kernel[(triton.cdiv(lk, BWD_BLOCK_N), b * hkv)](
+        _bwd_dkdv_kernel[(triton.cdiv(lk, kv_n), b * hkv)](
             q, k, v, do, dk, dv, lse, delta, nvis, lq, lk, r, g, hkv, qk_scale, ctx.scale,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
-            D=d, BM=BWD_BLOCK_M, BN=BWD_BLOCK_N, num_warps=BWD_WARPS, num_stages=NUM_STAGES,
+            D=d, BM=kv_m, BN=kv_n, num_warps=kv_warps, num_stages=kv_stages,
         )  # fmt: skip
         return dq, dk, dv, None, None
 

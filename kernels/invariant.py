@@ -317,7 +317,7 @@ def set_fast_logprobs(kernel: str) -> str:
     """Choose the fast (``exact=False``) mode's ``token_logprobs`` on CUDA, process-wide; returns
     the previous choice.
 
-    "triton" (the default since 2026-12-05): exact mode's row kernels
+    "triton" (the default since 2026-12-04): exact mode's row kernels
     (``logprob_triton.exact_token_logprobs``): the forward reads each BF16 logits row once
     and writes one float32 per row, the backward reads the row once and writes ∇logits in the
     logits' dtype. "torch": the float32 copy of the logits, ``log_softmax`` and ``gather`` (the

@@ -3,7 +3,7 @@
 The scoring tail of every policy forward: ``log p(token) = z[token] − logsumexp(z)`` with
 ``z = logits / T``, and for the trainer's loss the entropy ``H = logsumexp(z) − Σ softmax(z)·z``.
 Both engine and trainer score through ``invariant.token_logprobs``, which runs these rows on
-CUDA in both precision modes (exact since 2026-12-02, fast since 2026-12-05):
+CUDA in both precision modes (exact since 2026-12-02, fast since 2026-12-04):
 
 * **Batch-invariant.** One program walks its row's vocabulary in ``LSE_BLOCK`` chunks from 0 with
   a per-lane online max / sum-exp (and Σ e·z for the entropy), then one fixed-shape tree

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14, written 2026-12-05 with no device lent, NOT RUN yet: the first call of the next
+# Issue 14, written 2026-12-04 with no device lent, NOT RUN yet: the first call of the next
 # session (supersedes the tests and train parts of h14z7.sh; run h14z7.sh's "gemms" stage second).
 # The scoring tail changed without a GPU: the FP32 lm_head cast once per pass (Decoder.head,
 # kernels/dense_cast.py) and the token log-softmax + entropy as Triton rows in both modes

@@ -23,7 +23,8 @@ def _reference(q, k, v, mask, scale):
 
 
 def attention_cases() -> None:
-    att.BLOCK_M = att.BLOCK_N = att.BWD_BLOCK_M = att.BWD_BLOCK_N = 16
+    att.BLOCK_M = att.BLOCK_N = 16
+    att.DQ_TILES, att.DKDV_TILES = (32, 16, 4, 2), (16, 32, 4, 2)  # unequal: each kernel its own
     torch.manual_seed(0)
     b, h, hkv, length, d = 2, 4, 2, 40, 16
     q = torch.randn(b, h, length, d, dtype=DT)
