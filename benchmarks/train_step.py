@@ -16,7 +16,8 @@ profiles run after the timing; a later row of the same process runs slower after
 ``--tail fused torch``: the scoring tail (lm_head + log-softmax) as the trainers run it (the FP32
 head cast to BF16 once per pass, ``Decoder.head``; the Triton log-softmax rows,
 ``invariant.set_fast_logprobs``) and/or as before 2026-12-04 (cast per chunk and per recompute;
-float32 ``log_softmax``).
+float32 ``log_softmax``; exact mode's log-softmax rows were Triton already, and their new
+Triton backward has no switch, so ``torch`` in an exact row changes the head cast only).
 
 ``--checks``: the quantizers' NaN/inf check in FP8 rows: ``deferred`` (what the trainers run:
 one host sync after the backward), ``sync`` (one host sync per quantization, the trainer before

@@ -114,6 +114,8 @@ def exact_dense_gemm(
             None to cast here.
     Returns:
         [..., N] in x.dtype; differentiable (backward through cuBLAS, deterministic).
+    Raises:
+        ValueError: ``cast`` is not ``weight``'s shape in x.dtype.
     """
     if cast is not None and (cast.shape != weight.shape or cast.dtype != x.dtype):
         raise ValueError(f"cast {tuple(cast.shape)} {cast.dtype} is not weight in {x.dtype}")

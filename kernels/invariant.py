@@ -18,13 +18,14 @@ KV cache of any capacity equals the trainer's causal row.
 On CUDA (BF16/FP16 activations) exact attention, the dense (vocabulary) head and the token
 log-softmax run batch-invariant Triton kernels, and RMSNorm / SiLU·mul the fast path's Triton
 kernels (one program per row; elementwise) with fp32 accumulation instead of float64
-(``attention_exact_triton``, ``dense_exact_triton``; their docstrings give the invariance
-argument): a row's bits still depend only on that row, so the engine (prefill, decode over any
+(``attention_exact_triton``, ``dense_exact_triton``, ``logprob_triton``; their docstrings give
+the invariance argument): a row's bits still depend only on that row, so the engine (prefill, decode over any
 cache) and the trainer agree bitwise on the GPU, as the float64 paths make them agree on CPU.
 GPU and CPU results are not bitwise equal to each other.
 
-The fast (``exact=False``) paths use the usual fused kernels (BF16 GEMM, fp32 softmax) and are
-the ones to use on GPU for speed. Their attention on CUDA is exact mode's invariant Triton kernel
+The fast (``exact=False``) paths use the usual fused kernels (BF16 GEMM, fp32 softmax; on CUDA
+the token log-softmax is exact mode's Triton rows, ``set_fast_logprobs``) and are the ones to use
+on GPU for speed. Their attention on CUDA is exact mode's invariant Triton kernel
 by default (``set_fast_attention``; SDPA before 2026-12-04, and off CUDA). Their RMSNorm and SiLU·mul are ``fused.rms_norm_fast`` /
 ``silu_mul_fast``: on CUDA the Triton arithmetic of the rollout engine's fused norm/SwiGLU-quant
 kernels, so the trainer's FP8 FProp input has the codes the engine computed.
@@ -290,8 +291,11 @@ def dense_linear(
     return ∇W to autograd. ``cast``: ``dense_cast.cast_weight(weight, x.dtype)``, made once for
     several calls (the chunks of one scoring pass): the fast and the Triton exact paths use it
     instead of casting ``weight`` again (same bits, ∇W still to ``weight``); the float64 paths
-    ignore it.
+    ignore it, and so does every path when its dtype is not ``x.dtype`` (then ``weight`` is cast
+    for this call, as without it).
     """
+    if cast is not None and cast.dtype != x.dtype:
+        cast = None
     if exact and triton_exact(x):
         from fp8rl.kernels.dense_exact_triton import exact_dense_gemm
 
@@ -320,10 +324,11 @@ def set_fast_logprobs(kernel: str) -> str:
     "triton" (the default since 2026-12-04): exact mode's row kernels
     (``logprob_triton.exact_token_logprobs``): the forward reads each BF16 logits row once
     and writes one float32 per row, the backward reads the row once and writes ∇logits in the
-    logits' dtype. "torch": the float32 copy of the logits, ``log_softmax`` and ``gather`` (the
-    fast path before, ~31 bytes moved per logit for forward and backward against ~6), kept for
-    A/B benchmarks. Engine and trainer score through the same function, so either keeps their
-    logprobs bitwise equal.
+    logits' dtype (6 bytes per logit for forward and backward, 8 with a checkpointed
+    recompute). "torch": the float32 copy of the logits, ``log_softmax`` and ``gather`` (the
+    fast path before, ≥ 50 bytes per logit with the recompute), kept for A/B benchmarks.
+    Engine and trainer score through the same function, so either keeps their logprobs
+    bitwise equal. Exact mode runs the Triton rows whatever this says.
 
     Raises:
         ValueError: ``kernel`` is not one of ``FAST_LOGPROBS_KERNELS``.

@@ -20,9 +20,10 @@ CUDA in both precision modes (exact since 2026-12-02, fast since 2026-12-04):
   sequence, so they equal ``exact_token_logprobs``' bitwise (the GPU tests check it); the
   engine's logprobs need no entropy.
 
-The entropy is computed as ``lse − E[z]`` (float32): for a peaked row its absolute error is a
-few float32 ulps of ``lse`` (~1e-6 nats at |lse| ≈ 30), against ``−Σ p log p`` of the torch
-path. It is a metric or a loss term, not part of the parity contract.
+The entropy is computed as ``lse − E[z]`` (float32, clamped at 0): for a peaked row its absolute
+error is a few float32 ulps of ``lse`` (~1e-6 nats at |lse| ≈ 30), so an entropy near 0 reads
+0, against ``−Σ p log p`` of the torch path (relative error). It is a metric or a loss term,
+not part of the parity contract.
 
 Gradients: ``∂ log p(tok)/∂z_i = 1[i = tok] − p_i``; ``∂H/∂z_i = −p_i (z_i − lse + H)``;
 ``∂/∂logits = ∂/∂z / T`` (float32, rounded once to the logits' dtype).
@@ -34,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 LSE_BLOCK, LSE_WARPS = 4096, 8
 
@@ -66,11 +68,12 @@ def _lse_kernel(
     total = tl.sum(s * weight, 0)
     lse = top + tl.log(total)
     tok = tl.load(tok_ptr + row)
-    picked = tl.load(base + tok).to(tl.float32) / temperature
+    inside = (tok >= 0) & (tok < V)  # an id outside the vocabulary scores NaN, never a stray read
+    picked = tl.load(base + tok, mask=inside, other=float("nan")).to(tl.float32) / temperature
     tl.store(out_ptr + row, picked - lse)
     tl.store(lse_ptr + row, lse)
-    if ENTROPY:
-        tl.store(ent_ptr + row, lse - tl.sum(t * weight, 0) / total)
+    if ENTROPY:  # lse − E[z] ≥ 0; rounding could make a one-hot row's −ulp
+        tl.store(ent_ptr + row, tl.maximum(lse - tl.sum(t * weight, 0) / total, 0.0))
 
 
 @triton.jit(do_not_specialize=["V", "stride", "grad_stride"])
@@ -125,6 +128,7 @@ class _TokenLogprobs(torch.autograd.Function):
         return out.reshape(tokens.shape), ent.reshape(tokens.shape)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_logp: Tensor | None, grad_ent: Tensor | None):
         logits, tok, lse, ent = ctx.saved_tensors
         x = _rows(logits)
@@ -143,16 +147,26 @@ class _TokenLogprobs(torch.autograd.Function):
         return grad.reshape(logits.shape), None, None, None
 
 
+def _check(logits: Tensor, tokens: Tensor, temperature: float) -> None:
+    if logits.shape[:-1] != tokens.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} do not match tokens {tuple(tokens.shape)}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0 (greedy scores at 1.0), got {temperature}")
+
+
 def exact_token_logprobs(logits: Tensor, tokens: Tensor, *, temperature: float = 1.0) -> Tensor:
     """log p(token) under softmax(logits / temperature), per row in a batch-invariant order.
 
     Args:
         logits: [..., V] BF16/FP16/FP32 on CUDA (or CPU tensors under ``TRITON_INTERPRET=1``).
-        tokens: [...] int64 ids.
+        tokens: [...] int64 ids in [0, V) (an id outside scores NaN).
         temperature: > 0 (callers map greedy to 1.0).
     Returns:
-        [...] float32; differentiable in logits (∇ in the logits' dtype).
+        [...] float32; differentiable in logits (∇ in the logits' dtype; once).
+    Raises:
+        ValueError: the leading shapes differ or ``temperature`` is not positive.
     """
+    _check(logits, tokens, temperature)
     return _TokenLogprobs.apply(logits, tokens, float(temperature), False)[0]
 
 
@@ -163,7 +177,10 @@ def token_logprobs_entropy(
 
     Args: as ``exact_token_logprobs``.
     Returns:
-        (logp [...] float32, bitwise ``exact_token_logprobs``'; entropy [...] float32 in nats);
-        both differentiable in logits (module doc for the entropy's precision).
+        (logp [...] float32, bitwise ``exact_token_logprobs``'; entropy [...] float32 in nats,
+        ≥ 0); both differentiable in logits (module doc for the entropy's precision).
+    Raises:
+        ValueError: as ``exact_token_logprobs``.
     """
+    _check(logits, tokens, temperature)
     return _TokenLogprobs.apply(logits, tokens, float(temperature), True)

@@ -16,7 +16,8 @@ stage() { echo "=== $1 ($(date -u +%T))"; }
 source benchmarks/device_env.sh || exit 1
 stage tests
 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/fp8_kernels/test_exact_triton_gpu.py \
-  tests/gpu/test_parity_gpu.py tests/gpu/test_graph_decode_gpu.py > "$R/gpu-tests.txt" 2>&1
+  tests/gpu/test_scoring_tail_gpu.py tests/gpu/test_parity_gpu.py tests/gpu/test_graph_decode_gpu.py \
+  > "$R/gpu-tests.txt" 2>&1
 grep -E "passed|failed|Error|assert|mult_prob" "$R/gpu-tests.txt" | tail -14
 stage train
 timeout 300 python3 benchmarks/train_step.py --layers 8 --tokens 16384 --tail fused torch \

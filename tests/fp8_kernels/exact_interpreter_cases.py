@@ -107,6 +107,11 @@ def dense_cases() -> None:
     grad_err = (lg.grad.double() - ref_in.grad).abs().max() / ref_in.grad.abs().max()
     same = torch.equal(both, lp)
     print(f"entropy err={ent_err.item():.3e} grad_rel={grad_err.item():.3e} logp_same={same}")
+    outside = rows.exact_token_logprobs(logits[:2], torch.tensor([150, -1]), temperature=1.0)
+    peaked = torch.full((1, 150), -30.0)
+    peaked[0, 7] = 30.0
+    _, one_hot = rows.token_logprobs_entropy(peaked, torch.tensor([7]), temperature=1.0)
+    print(f"edges outside_nan={bool(outside.isnan().all())} one_hot_entropy={one_hot.item():.3e}")
 
 
 if __name__ == "__main__":

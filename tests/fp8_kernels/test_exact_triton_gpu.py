@@ -1,5 +1,6 @@
 """GPU tests of the exact mode's Triton kernels: the batch-invariant flash attention
-(``attention_exact_triton``), dense head GEMM and token log-softmax (``dense_exact_triton``).
+(``attention_exact_triton``), dense head GEMM (``dense_exact_triton``) and token log-softmax
+and entropy (``logprob_triton``, which fast mode runs too), and the head cast once per pass.
 
 Invariance is tested bitwise (rows of a full-sequence call vs per-position decode calls over
 larger caches, batch 1 vs many); accuracy and gradients against float64 references with stated

@@ -62,3 +62,8 @@ def test_entropy_rows_keep_the_plain_logprobs_and_are_close_to_float64(fields):
     got = fields["entropy"]
     assert got["logp_same"] == "True"
     assert float(got["err"]) < 1e-5 and float(got["grad_rel"]) < 1e-5
+
+
+def test_ids_outside_the_vocabulary_score_nan_and_a_one_hot_row_has_zero_entropy(fields):
+    assert fields["edges"]["outside_nan"] == "True"
+    assert float(fields["edges"]["one_hot_entropy"]) == 0.0

@@ -3,6 +3,8 @@ engine and trainer stay bitwise with each other), with the new optional argument
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -147,3 +149,22 @@ def test_exact_blocks_fuse_on_cuda_only_where_their_norm_is_the_fused_kernels(
         assert not block.fused_ready()  # CPU: float64 norm and SiLU
         monkeypatch.setattr(decoder, "triton_available", lambda: True)
         assert block._exact_on_triton(SimpleNamespace(is_cuda=True)) is fused
+
+
+def test_fast_logprobs_choose_the_triton_rows_on_cuda_and_key_kept_graphs(monkeypatch):
+    from fp8rl.kernels import invariant
+    from fp8rl.workers.rollout.cuda_graphs import kernel_switches
+
+    logits = SimpleNamespace(is_cuda=True)  # logits on a GPU
+    monkeypatch.setattr(invariant, "triton_available", lambda: True)
+    assert invariant.triton_logprobs(logits, exact=False)
+    before = kernel_switches()
+    previous = invariant.set_fast_logprobs("torch")
+    try:
+        assert not invariant.triton_logprobs(logits, exact=False)
+        assert invariant.triton_logprobs(logits, exact=True)  # exact mode always runs the rows
+        assert kernel_switches() != before
+        with pytest.raises(ValueError, match="triton"):
+            invariant.set_fast_logprobs("fused")
+    finally:
+        invariant.set_fast_logprobs(previous)

@@ -511,7 +511,10 @@ class Decoder(nn.Module):
         A dense head whose master weight is not in the compute dtype (the trainer's FP32 master)
         is cast once here, for every chunk and every chunk's recompute in the backward, instead
         of once per call (``kernels.dense_cast``: same logits, same gradients, bitwise). The copy
-        lives as long as the pass's autograd graph. ``hidden [n, H] → logits [n, V]``.
+        lives as long as the pass's autograd graph. ``hidden [n, H] → logits [n, V]``; hidden
+        in another dtype than the compute dtype is cast per call, as ``logits`` does. With a cast
+        the function calls ``dense_linear`` directly: hooks on ``lm_head`` do not run (none of
+        fp8rl's models with an FP32 master head has any).
         """
         tied = self.config.tie_word_embeddings
         weight = self.model.embed_tokens.weight if tied else getattr(self.lm_head, "weight", None)

@@ -1,7 +1,9 @@
 """Token logprobs (and entropy) from hidden states in chunks of tokens: lm_head + log_softmax.
 
-The tail of a policy forward (lm_head GEMM, float32/float64 log-softmax, entropy) materialises
-about 31 bytes per token × vocabulary entry; at 16K tokens and a 128K vocabulary that is 61-72 GiB.
+The tail of a policy forward (lm_head GEMM, log-softmax, entropy) unchunked materialises the
+[tokens, V] logits and, on the torch paths (CPU; CUDA with ``set_fast_logprobs("torch")``),
+float32/float64 copies of them: about 31 bytes per token × vocabulary entry, 61-72 GiB at 16K
+tokens and a 128K vocabulary.
 ``chunked_logprobs`` runs it ``chunk`` tokens at a time and, when gradients are needed, recomputes
 each chunk's logits in the backward (activation checkpointing), so only [chunk, V] is live.
 
@@ -44,11 +46,13 @@ def chunked_logprobs(
     """log p(tokens) and optionally the entropy of softmax(logits / T), ``chunk`` tokens at a time.
 
     Args:
-        logits_fn: hidden [n, H] → logits [n, V] (the model's lm_head, e.g. ``Decoder.logits``).
+        logits_fn: hidden [n, H] → logits [n, V] (the model's lm_head: ``Decoder.head()``, or
+            ``Decoder.logits``).
         hidden: [..., H] hidden states in the compute dtype.
         tokens: [...] int64 token ids (same leading shape as ``hidden``).
         temperature: sampling temperature (<= 0: greedy, scored at T = 1).
-        exact: float64 log-softmax (``kernels.invariant.token_logprobs``).
+        exact: batch-invariant log-softmax (``kernels.invariant.token_logprobs``: float64 on
+            CPU, the Triton rows on CUDA).
         with_entropy: also return the per-token entropy (nats).
         chunk: tokens per chunk (> 0).
     Returns:
