@@ -13,11 +13,12 @@ profiles run after the timing; a later row of the same process runs slower after
 ``--grouped on off``: FP8 rows with q/k/v and gate/up as one GEMM per pass
 (``kernels.linear_group``, the default) and per module (the path before it).
 
-``--tail fused torch``: the scoring tail (lm_head + log-softmax) as the trainers run it (the FP32
-head cast to BF16 once per pass, ``Decoder.head``; the Triton log-softmax rows,
-``invariant.set_fast_logprobs``) and/or as before 2026-12-04 (cast per chunk and per recompute;
-float32 ``log_softmax``; exact mode's log-softmax rows were Triton already, and their new
-Triton backward has no switch, so ``torch`` in an exact row changes the head cast only).
+``--variant new old``: the step as the trainers run it since 2026-12-04 night (``new``) and/or
+as before (``old``): the FP32 lm_head cast to BF16 per chunk and per recompute instead of once
+per pass (``Decoder.head``), the fast mode's float32 ``log_softmax`` instead of the Triton rows
+(``invariant.set_fast_logprobs``), and the fast RMSNorm / SwiGLU backward differentiating the
+recomputed torch composition instead of one Triton pass each (``fused.set_triton_backward``).
+Exact mode's log-softmax rows were Triton already, and their new Triton backward has no switch.
 
 ``--checks``: the quantizers' NaN/inf check in FP8 rows: ``deferred`` (what the trainers run:
 one host sync after the backward), ``sync`` (one host sync per quantization, the trainer before
@@ -38,6 +39,7 @@ from pathlib import Path
 import torch
 
 from fp8rl.kernels import deferred_finite_checks
+from fp8rl.kernels.fused import set_triton_backward
 from fp8rl.kernels.invariant import set_fast_attention, set_fast_logprobs
 from fp8rl.kernels.linear_group import set_grouped
 from fp8rl.protocol import QuantConfig
@@ -46,7 +48,7 @@ from fp8rl.workers.model.config import PRESETS
 from fp8rl.workers.model.linear import LayerPrecision
 
 
-def build(cfg, mode: str, exact: bool, seq: int, checks: str, tail: str = "fused"):
+def build(cfg, mode: str, exact: bool, seq: int, checks: str, variant: str = "new"):
     fp8 = mode == "unified_fp8"
     precision = LayerPrecision(
         dtype=torch.bfloat16, fp8=fp8, quant=QuantConfig() if fp8 else None, exact=exact
@@ -57,7 +59,7 @@ def build(cfg, mode: str, exact: bool, seq: int, checks: str, tail: str = "fused
     for module in model.modules():
         if hasattr(module, "check_finite"):
             module.check_finite = checks != "off"
-    if tail == "torch":  # the head cast per call, as before Decoder.head
+    if variant == "old":  # the head cast per call, as before Decoder.head
         model.head = lambda tied_head=None: partial(model.logits, tied_head=tied_head)
     return model.train()
 
@@ -76,7 +78,7 @@ def step(model, optimizer, ids: torch.Tensor, checks: str = "off") -> None:
             module.invalidate_quantized()
 
 
-def top_kernels(model, optimizer, ids, checks: str, count: int = 15) -> list[dict]:
+def top_kernels(model, optimizer, ids, checks: str, count: int = 30) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -115,15 +117,16 @@ def top_host_functions(model, optimizer, ids, checks: str, count: int = 25) -> l
 
 def measure(
     cfg, mode: str, tokens: int, seq: int, steps: int, exact: bool, checks: str, profile: bool,
-    tail: str = "fused",
+    variant: str = "new",
 ) -> dict:  # fmt: skip
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    set_fast_logprobs("torch" if tail == "torch" else "triton")
-    model = build(cfg, mode, exact, seq, checks, tail)
+    set_fast_logprobs("torch" if variant == "old" else "triton")
+    set_triton_backward(variant == "new")
+    model = build(cfg, mode, exact, seq, checks, variant)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
     ids = torch.randint(0, cfg.vocab_size, (tokens // seq, seq), device="cuda")
-    row = {"mode": mode, "exact": exact, "checks": checks, "tokens": tokens, "tail": tail}
+    row = {"mode": mode, "exact": exact, "checks": checks, "tokens": tokens, "variant": variant}
     row["layers"] = cfg.num_hidden_layers
     try:
         step(model, optimizer, ids, checks)  # warm-up (compiles kernels, allocates optimizer state)
@@ -173,12 +176,12 @@ def main() -> None:
         "invariant Triton kernel (default; the engine reads the KV cache in place) or SDPA",
     )
     parser.add_argument(
-        "--tail",
+        "--variant",
         nargs="+",
-        default=["fused"],
-        choices=["fused", "torch"],
-        help="scoring tail: head cast once + Triton log-softmax (fused, the default) and/or the "
-        "per-chunk cast + float32 log_softmax of before 2026-12-04 (torch)",
+        default=["new"],
+        choices=["new", "old"],
+        help="the step as run since 2026-12-04 night (new: head cast once, Triton log-softmax, "
+        "Triton norm/SwiGLU backward) and/or as before (old)",
     )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -195,10 +198,12 @@ def main() -> None:
     ]
     rows = []
     for i, tokens in enumerate(args.tokens):
-        for (mode, exact, checks, grouped), tail in itertools.product(runs, args.tail):
+        for (mode, exact, checks, grouped), variant in itertools.product(runs, args.variant):
             prof = args.profile and i == 0
             set_grouped(grouped == "on")
-            rows.append(measure(cfg, mode, tokens, args.seq, args.steps, exact, checks, prof, tail))
+            rows.append(
+                measure(cfg, mode, tokens, args.seq, args.steps, exact, checks, prof, variant)
+            )
             rows[-1]["grouped"] = grouped
             print(
                 json.dumps({k: v for k, v in rows[-1].items() if not k.startswith("top_")}),
@@ -209,24 +214,24 @@ def main() -> None:
         f"fast attention {args.attention}",
         f"{time.strftime('%Y-%m-%d')} · {torch.cuda.get_device_name()} · torch {torch.__version__}",
         "",
-        "| mode | exact | NaN checks | q/k/v, gate/up grouped | tail | tokens | step s | vs BF16 | peak GiB |",
+        "| mode | exact | NaN checks | q/k/v, gate/up grouped | variant | tokens | step s | vs BF16 | peak GiB |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         base = [
             x
             for x in rows
-            if x["mode"] == "bf16" and x["tokens"] == r["tokens"] and x["tail"] == r["tail"]
+            if x["mode"] == "bf16" and x["tokens"] == r["tokens"] and x["variant"] == r["variant"]
         ]
         ratio = f"{base[0]['step_s'] / r['step_s']:.2f}×" if base else "—"  # no BF16 row run
         lines.append(
-            f"| {r['mode']} | {r['exact']} | {r['checks']} | {r['grouped']} | {r['tail']} | {r['tokens']} | {r['step_s']:.3f} | "
+            f"| {r['mode']} | {r['exact']} | {r['checks']} | {r['grouped']} | {r['variant']} | {r['tokens']} | {r['step_s']:.3f} | "
             f"{ratio} | {r['peak_gib']:.1f} |"
         )
     for r in rows:
         for k in r.get("top_kernels", []):
             lines.append(
-                f"- {r['mode']} exact={r['exact']} checks={r['checks']} grouped={r['grouped']} tail={r['tail']}: {k['ms']:.1f} ms ({k['share']:.0%}) {k['kernel']}"
+                f"- {r['mode']} exact={r['exact']} checks={r['checks']} grouped={r['grouped']} variant={r['variant']}: {k['ms']:.1f} ms ({k['share']:.0%}) {k['kernel']}"
             )
     for r in rows:
         for f in r.get("top_host", []):

@@ -131,9 +131,24 @@ def rms_norm_reference(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return weight.to(x.dtype) * normed
 
 
+_TRITON_BACKWARD = [True]
+"""Whether the fast RMSNorm / SwiGLU backward runs ``fused_backward_triton`` (see
+``set_triton_backward``)."""
+
+
+def set_triton_backward(on: bool) -> bool:
+    """Run the backward of ``rms_norm_fast`` / ``silu_mul_fast`` with the one-pass Triton kernels
+    of ``fused_backward_triton`` (True, the default since 2026-12-04) or, as before, by
+    differentiating the recomputed torch composition (False; for A/B benchmarks). Process-wide;
+    returns the previous setting. Forward values never change."""
+    previous, _TRITON_BACKWARD[0] = _TRITON_BACKWARD[0], bool(on)
+    return previous
+
+
 class _RmsNormFast(torch.autograd.Function):
     """Forward: the Triton kernel of the fused norm-quant (bitwise its values). Backward: the
-    gradient of the torch composition, recomputed (mathematically the same function)."""
+    one-pass Triton kernel of ``fused_backward_triton``, or the gradient of the recomputed torch
+    composition (``set_triton_backward(False)``; mathematically the same function)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -146,6 +161,10 @@ class _RmsNormFast(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         x, weight = ctx.saved_tensors
+        if _TRITON_BACKWARD[0]:
+            from fp8rl.kernels.fused_backward_triton import rms_norm_backward
+
+            return (*rms_norm_backward(x, weight, grad, ctx.eps), None)
         with torch.enable_grad():
             x_, w_ = x.detach().requires_grad_(), weight.detach().requires_grad_()
             y = rms_norm_reference(x_, w_, ctx.eps)
@@ -155,7 +174,8 @@ class _RmsNormFast(torch.autograd.Function):
 
 class _SiluMulFast(torch.autograd.Function):
     """Forward: the Triton kernel of the fused SwiGLU-quant (bitwise its values). Backward: the
-    gradient of ``silu(gate) * up``, recomputed with torch ops."""
+    one-pass Triton kernel of ``fused_backward_triton``, or the gradient of ``silu(gate) * up``
+    recomputed with torch ops (``set_triton_backward(False)``)."""
 
     @staticmethod
     def forward(ctx, gate: Tensor, up: Tensor) -> Tensor:
@@ -167,6 +187,10 @@ class _SiluMulFast(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         gate, up = ctx.saved_tensors
+        if _TRITON_BACKWARD[0]:
+            from fp8rl.kernels.fused_backward_triton import silu_mul_backward
+
+            return silu_mul_backward(gate, up, grad)
         with torch.enable_grad():
             g_, u_ = gate.detach().requires_grad_(), up.detach().requires_grad_()
             y = torch.nn.functional.silu(g_) * u_

@@ -112,6 +112,48 @@ def fused_cases() -> None:
     print(f"silu scale_err={scale_err:.2e} codes_diff={codes:.4f}")
 
 
+def fused_backward_cases() -> None:
+    """The fast RMSNorm / SwiGLU backward kernels against float64 autograd (float32 and float16
+    data: the interpreter's bfloat16 cast truncates), several programs and column blocks, the
+    SwiGLU halves of one tensor read in place, and through the autograd functions."""
+    from fp8rl.kernels import fused_backward_triton as fb
+
+    fb.RMS_PROGRAMS, fb.SILU_BLOCK = 3, (4, 64)
+    torch.manual_seed(2)
+
+    def rel(a, r):
+        return float((a.double() - r).norm() / r.norm())
+
+    for dt in (torch.float32, torch.float16):
+        x, g = (torch.randn(2, 7, 384) * 2).to(dt), torch.randn(2, 7, 384).to(dt)
+        w = torch.rand(384) + 0.5
+        dx, dw = fb.rms_norm_backward(x, w, g, 1e-5)
+        xr, wr = x.double().requires_grad_(), w.double().requires_grad_()
+        (wr * (xr * torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + 1e-5))).backward(g.double())
+        gu, d = (torch.randn(9, 2 * 200) * 3).to(dt), torch.randn(9, 200).to(dt)
+        d_gate, d_up = fb.silu_mul_backward(gu[:, :200], gu[:, 200:], d)
+        ref = gu.double().requires_grad_()
+        (torch.nn.functional.silu(ref[:, :200]) * ref[:, 200:]).backward(d.double())
+        kind = str(dt).split(".")[1]
+        print(
+            f"fused_bwd dtype={kind} dx={rel(dx, xr.grad):.2e} dw={rel(dw, wr.grad):.2e} "
+            f"dgate={rel(d_gate, ref.grad[:, :200]):.2e} dup={rel(d_up, ref.grad[:, 200:]):.2e} "
+            f"dtypes={dx.dtype == dt and dw.dtype == w.dtype and d_gate.dtype == dt}"
+        )
+    x = torch.randn(3, 5, 256, requires_grad=True)
+    w = (torch.rand(256) + 0.5).requires_grad_()
+    gu = torch.randn(15, 512, requires_grad=True)
+    grads = []
+    for triton_backward in (True, False):  # the kernels, then the recomputed torch composition
+        previous = fused.set_triton_backward(triton_backward)
+        y = fused._RmsNormFast.apply(x, w, 1e-5)
+        h = fused._SiluMulFast.apply(gu[:, :256], gu[:, 256:])
+        grads.append(torch.autograd.grad(y.square().sum() + h.square().sum(), (x, w, gu)))
+        fused.set_triton_backward(previous)
+    worst = max(rel(a, b.double()) for a, b in zip(*grads, strict=True))
+    print(f"fused_bwd_autograd rel={worst:.2e}")
+
+
 def rope_kv_cases() -> None:
     """float32 caches: bitwise the torch composition. FP8 caches: the interpreter's float8 cast
     is not round-to-nearest (it can even drop a carry into the exponent), so only the indexing
@@ -159,3 +201,4 @@ if __name__ == "__main__":
     decode_loop_variant_cases()
     fused_cases()
     rope_kv_cases()
+    fused_backward_cases()

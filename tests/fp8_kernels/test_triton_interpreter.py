@@ -87,3 +87,15 @@ def test_fp8_transpose_is_a_bitwise_copy_with_ragged_edges(lines):
     assert len(cases) == 4
     for case in cases:
         assert case["same"] == "True", case
+
+
+@pytest.mark.parametrize(("dtype", "bound"), [("float32", 1e-6), ("float16", 2e-3)])
+def test_fast_norm_and_swiglu_backward_kernels_match_float64_autograd(lines, dtype, bound):
+    got = next(_fields(line) for line in lines if line.startswith(f"fused_bwd dtype={dtype}"))
+    assert got["dtypes"] == "True"
+    assert all(float(got[k]) < bound for k in ("dx", "dw", "dgate", "dup")), got
+
+
+def test_fast_norm_and_swiglu_backward_equal_the_recomputed_torch_gradients(lines):
+    got = next(_fields(line) for line in lines if line.startswith("fused_bwd_autograd"))
+    assert float(got["rel"]) < 1e-6
