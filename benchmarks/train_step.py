@@ -236,7 +236,7 @@ def main() -> None:
     for r in rows:
         for f in r.get("top_host", []):
             lines.append(
-                f"- host {r['mode']} checks={r['checks']} grouped={r['grouped']}: own {f['own_ms']:.1f} ms, cum {f['cum_ms']:.1f} ms, {f['calls']} calls: {f['function']}"
+                f"- host {r['mode']} checks={r['checks']} grouped={r['grouped']} variant={r['variant']}: own {f['own_ms']:.1f} ms, cum {f['cum_ms']:.1f} ms, {f['calls']} calls: {f['function']}"
             )
     table = "\n".join(lines) + "\n"
     print(table)

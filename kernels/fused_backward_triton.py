@@ -12,7 +12,8 @@ the forward's inputs and the output gradient once and write the input gradients 
   statistics, ``w`` and ``n`` rounded to x's dtype as in ``fused.rms_norm_reference``);
   ``∇n = ∇y · w`` (rounded to x's dtype, as autograd's product is), ``∇x = r · (∇n − n ·
   mean(∇n · n))``, ``∇w = Σ_rows ∇y · n``. Each program owns a contiguous run of rows and
-  writes its float32 ``∇w`` partial; the partials are summed in program order (deterministic).
+  writes its float32 ``∇w`` partial; ``torch.sum`` adds the partials (deterministic for a given
+  shape, not batch-invariant, as the autograd composition was not).
 * ``silu_mul_backward``: ``y = silu(g) · u``: ``∇u = ∇y · silu(g)``, ``∇g = ∇y · u · σ(g) ·
   (1 + g · (1 − σ(g)))``, float32 inside, rounded once to the inputs' dtypes.
 
@@ -29,7 +30,8 @@ import triton.language as tl
 from torch import Tensor
 
 RMS_PROGRAMS = 528
-"""Most programs of the RMSNorm backward (4 per H200 SM): each sums ∇w over its run of rows."""
+"""Most programs of the RMSNorm backward (4 per H200 SM; at H = 4,096 two fit an SM at once, so
+about two waves): each sums ∇w over its run of rows."""
 SILU_BLOCK = (16, 256)
 """Rows × columns per program of the SwiGLU backward."""
 
@@ -63,7 +65,7 @@ def _rms_norm_bwd_kernel(
     tl.store(DW + pid.to(tl.int64) * H + cols, dw, mask=ok)
 
 
-@triton.jit(do_not_specialize=["M", "N"])
+@triton.jit(do_not_specialize=["M"])  # N and the strides specialized: 16-byte accesses
 def _silu_mul_bwd_kernel(
     GATE, UP, G, DGATE, DUP, M, N, stride_gate, stride_up, stride_g,
     BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr,

@@ -76,7 +76,7 @@ def _lse_kernel(
         tl.store(ent_ptr + row, tl.maximum(lse - tl.sum(t * weight, 0) / total, 0.0))
 
 
-@triton.jit(do_not_specialize=["V", "stride", "grad_stride"])
+@triton.jit  # the backward need not be invariant: V and the strides specialized (vector loads)
 def _lse_grad_kernel(
     x_ptr, tok_ptr, lse_ptr, ent_ptr, g_ptr, g_ent_ptr, dx_ptr, V, stride, grad_stride,
     temperature, BLOCK: tl.constexpr, ENTROPY: tl.constexpr,

@@ -125,33 +125,48 @@ def fused_backward_cases() -> None:
         return float((a.double() - r).norm() / r.norm())
 
     for dt in (torch.float32, torch.float16):
-        x, g = (torch.randn(2, 7, 384) * 2).to(dt), torch.randn(2, 7, 384).to(dt)
+        # 9 rows over 4 programs of 3 rows (the last one idle); x and ∇y with row strides ≠ H
+        x, g = (torch.randn(9, 512) * 2).to(dt)[:, :384], torch.randn(9, 3, 384).to(dt)[:, 1]
         w = torch.rand(384) + 0.5
+        fb.RMS_PROGRAMS = 4
         dx, dw = fb.rms_norm_backward(x, w, g, 1e-5)
         xr, wr = x.double().requires_grad_(), w.double().requires_grad_()
         (wr * (xr * torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + 1e-5))).backward(g.double())
-        gu, d = (torch.randn(9, 2 * 200) * 3).to(dt), torch.randn(9, 200).to(dt)
-        d_gate, d_up = fb.silu_mul_backward(gu[:, :200], gu[:, 200:], d)
-        ref = gu.double().requires_grad_()
-        (torch.nn.functional.silu(ref[:, :200]) * ref[:, 200:]).backward(d.double())
+        gate, up = (
+            (torch.randn(9, 2 * 200) * 3).to(dt)[:, :200],
+            torch.randn(9, 300).to(dt)[:, 50:250],
+        )
+        d = torch.randn(9, 400).to(dt)[:, ::2]  # no unit stride: copied first
+        d_gate, d_up = fb.silu_mul_backward(gate, up, d)
+        refs = [gate.double().requires_grad_(), up.double().requires_grad_()]
+        (torch.nn.functional.silu(refs[0]) * refs[1]).backward(d.double())
         kind = str(dt).split(".")[1]
         print(
             f"fused_bwd dtype={kind} dx={rel(dx, xr.grad):.2e} dw={rel(dw, wr.grad):.2e} "
-            f"dgate={rel(d_gate, ref.grad[:, :200]):.2e} dup={rel(d_up, ref.grad[:, 200:]):.2e} "
+            f"dgate={rel(d_gate, refs[0].grad):.2e} dup={rel(d_up, refs[1].grad):.2e} "
             f"dtypes={dx.dtype == dt and dw.dtype == w.dtype and d_gate.dtype == dt}"
         )
     x = torch.randn(3, 5, 256, requires_grad=True)
     w = (torch.rand(256) + 0.5).requires_grad_()
     gu = torch.randn(15, 512, requires_grad=True)
-    grads = []
+    grads, calls = [], []
+    kernels = fb.rms_norm_backward, fb.silu_mul_backward
     for triton_backward in (True, False):  # the kernels, then the recomputed torch composition
         previous = fused.set_triton_backward(triton_backward)
+        count = [0]
+
+        def counted(fn, count=count):
+            return lambda *a: (count.__setitem__(0, count[0] + 1), fn(*a))[1]
+
+        fb.rms_norm_backward, fb.silu_mul_backward = (counted(k) for k in kernels)
         y = fused._RmsNormFast.apply(x, w, 1e-5)
         h = fused._SiluMulFast.apply(gu[:, :256], gu[:, 256:])
         grads.append(torch.autograd.grad(y.square().sum() + h.square().sum(), (x, w, gu)))
+        fb.rms_norm_backward, fb.silu_mul_backward = kernels
         fused.set_triton_backward(previous)
+        calls.append(count[0])
     worst = max(rel(a, b.double()) for a, b in zip(*grads, strict=True))
-    print(f"fused_bwd_autograd rel={worst:.2e}")
+    print(f"fused_bwd_autograd rel={worst:.2e} kernel_calls={calls[0]},{calls[1]}")
 
 
 def rope_kv_cases() -> None:
