@@ -164,9 +164,10 @@ def test_forward_is_close_to_float64_attention():
     torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
 
 
-def test_backward_is_close_to_float64_and_deterministic():
-    b, h, hkv, length, d = 2, 8, 2, 300, 128
-    q, k, v = _qkv(b, h, hkv, length, length, seed=4)
+@pytest.mark.parametrize("d", [64, 128, 256])  # 256: the wide tiles (shared memory)
+def test_backward_is_close_to_float64_and_deterministic(d):
+    b, h, hkv, length = 2, 8, 2, 300
+    q, k, v = _qkv(b, h, hkv, length, length, d=d, seed=4)
     pos = torch.arange(length, device=CUDA).expand(b, length)
     k_len = torch.tensor([length, 211], device=CUDA)
     mask = attention_mask(pos, k_len, length)
