@@ -189,19 +189,15 @@ def quantizer_sweep() -> list[dict]:
                     elems * 3 + elems // 32,
                 )
             )
-        for block_c, warps in ((32, 4), (64, 4)):
-            fn = partial(
-                quant_triton.per_column_group_quant_triton, x, block_c=block_c, num_warps=warps
-            )
-            ms = bench_graph([fn])
-            rows.append(
-                _row(
-                    f"128x1 cols={block_c} warps={warps}",
-                    f"{TOKENS}x{k}",
-                    ms,
-                    elems * 3 + elems // 32,
-                )
-            )
+        saved = quant_triton.per_token_group_quant_triton(x)
+        for block_c, warps in ((32, 4), (64, 4), (64, 8), (128, 4), (128, 8), (32, 2)):
+            for op, fn, nbytes in (
+                ("128x1", quant_triton.per_column_group_quant_triton, elems * 3 + elems // 32),
+                ("requant", quant_triton.requant_to_column_groups_triton, elems * 2 + elems // 16),
+            ):
+                arg = x if op == "128x1" else saved
+                ms = bench_graph([partial(fn, arg, block_c=block_c, num_warps=warps)])
+                rows.append(_row(f"{op} cols={block_c} warps={warps}", f"{TOKENS}x{k}", ms, nbytes))
     return rows
 
 

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fp8rl.kernels.backend import triton_available
-from fp8rl.kernels.dense_cast import cast_linear
+from fp8rl.kernels.dense_cast import GradSum, cast_linear
 from fp8rl.kernels.dense_exact import MIN_ELEMENTS, DeferredWeightGrad, exact_dense_linear
 from fp8rl.kernels.fused import rms_norm_fast, silu_mul_fast
 from fp8rl.kernels.kv import kv_dequantize
@@ -278,6 +278,7 @@ def dense_linear(
     exact: bool = False,
     deferred: DeferredWeightGrad | None = None,
     cast: Tensor | None = None,
+    grad_sum: GradSum | None = None,
 ) -> Tensor:
     """y = x·Wᵀ + b for layers kept in BF16/FP32 (lm_head, embeddings-tied heads, BF16 mode).
 
@@ -292,7 +293,8 @@ def dense_linear(
     several calls (the chunks of one scoring pass): the fast and the Triton exact paths use it
     instead of casting ``weight`` again (same bits, ∇W still to ``weight``); the float64 paths
     ignore it, and so does every path when its dtype is not ``x.dtype`` (then ``weight`` is cast
-    for this call, as without it).
+    for this call, as without it). ``grad_sum`` (``dense_cast.GradSum``): the fast path with
+    ``cast`` sums ∇W there (``x`` must descend from its ``collect``); other paths ignore it.
     """
     if cast is not None and cast.dtype != x.dtype:
         cast = None
@@ -303,7 +305,7 @@ def dense_linear(
     if exact and weight.numel() >= MIN_ELEMENTS:  # a vocabulary head: no float64 copy of it all
         return exact_dense_linear(x, weight, bias, deferred=deferred)
     if cast is not None and not exact:
-        return cast_linear(x, weight, cast, bias)
+        return cast_linear(x, weight, cast, bias, grad_sum=grad_sum)
     w = weight.to(x.dtype)
     b = None if bias is None else bias.to(x.dtype)
     if not exact:

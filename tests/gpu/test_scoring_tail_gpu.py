@@ -42,9 +42,11 @@ def test_training_tail_scores_tokens_bitwise_as_the_engine(preset, mode, exact):
     tokens = torch.randint(0, cfg.vocab_size, (3, 300), device="cuda", generator=gen)
     for temperature in (1.0, 0.7, 0.0):
         h = hidden.clone().requires_grad_(True)
+        head, grad_sum = model.head()
         logp, entropy = chunked_logprobs(
-            model.head(), h, tokens, temperature=temperature, exact=exact, with_entropy=True
-        )
+            head, h, tokens, temperature=temperature, exact=exact, with_entropy=True,
+            grad_sum=grad_sum,
+        )  # fmt: skip
         with torch.no_grad():  # the engine: BF16 head weights, the plain rows
             engine = token_logprobs(
                 model.logits(hidden), tokens, temperature=temperature, exact=exact
@@ -53,3 +55,39 @@ def test_training_tail_scores_tokens_bitwise_as_the_engine(preset, mode, exact):
         assert bool((entropy >= 0).all()) and bool(torch.isfinite(entropy).all())
         (logp.sum() + entropy.sum()).backward()
         assert torch.isfinite(h.grad).all()
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "small-llama"])
+def test_fast_head_gradient_summed_over_chunks_in_fp32_is_as_close_to_float64(preset):
+    """``Decoder.head()``'s ``GradSum`` (each chunk's ∇W GEMM writing FP32 into one buffer,
+    cuBLAS β = 1) against the per-chunk BF16 ∇W added by autograd, both against float64."""
+    cfg = dataclasses.replace(PRESETS[preset], num_hidden_layers=1)
+    precision = LayerPrecision(dtype=torch.bfloat16, fp8=False, quant=None, exact=False)
+    model = build_decoder(
+        cfg, precision, state_dict=None, max_positions=64, param_dtype=torch.float32,
+        device="cuda",
+    )  # fmt: skip
+    tied = cfg.tie_word_embeddings
+    weight = model.model.embed_tokens.weight if tied else model.lm_head.weight
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    hidden = torch.randn(2000, cfg.hidden_size, device="cuda", dtype=torch.bfloat16, generator=gen)
+    tokens = torch.randint(0, cfg.vocab_size, (2000,), device="cuda", generator=gen)
+
+    def weight_grad(make):
+        fn, grad_sum = make()
+        logp, _ = chunked_logprobs(
+            fn, hidden.clone().requires_grad_(True), tokens, temperature=1.0, exact=False,
+            chunk=512, grad_sum=grad_sum,
+        )  # fmt: skip
+        logp.sum().backward()
+        grad, weight.grad = weight.grad, None
+        return grad, grad_sum
+
+    summed, grad_sum = weight_grad(model.head)
+    per_chunk, _ = weight_grad(lambda: (model.logits, None))
+    assert grad_sum is not None and grad_sum.total is None and summed.dtype == torch.float32
+    w64 = weight.detach().to(torch.bfloat16).double().requires_grad_(True)
+    logp = torch.log_softmax(hidden.double() @ w64.t(), -1).gather(1, tokens[:, None])
+    (ref,) = torch.autograd.grad(logp.sum(), w64)
+    errors = [float((g.double() - ref).abs().max() / ref.abs().max()) for g in (summed, per_chunk)]
+    assert errors[0] < 2e-2 and errors[0] <= 1.1 * errors[1], errors

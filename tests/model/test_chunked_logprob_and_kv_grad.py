@@ -109,18 +109,21 @@ def test_chunked_head_casts_the_master_weight_once_and_keeps_the_bits():
     hidden = torch.randn(3, 7, model.config.hidden_size, dtype=torch.bfloat16)
     tokens = torch.randint(0, model.config.vocab_size, (3, 7))
     results = []
-    for make_fn in (lambda: model.logits, model.head):  # per-call casts, then the one cast
+    for make in (lambda: (model.logits, None), model.head):  # per-call casts, then the one
         h = hidden.clone().requires_grad_(True)
         with _CountCasts(head.shape) as casts:
+            fn, grad_sum = make()
+            assert (grad_sum is None) == (fn == model.logits)  # fast mode: ∇W summed
             logp, entropy = chunked_logprobs(
-                make_fn(), h, tokens, temperature=0.7, exact=False, with_entropy=True, chunk=4
-            )
+                fn, h, tokens, temperature=0.7, exact=False, with_entropy=True, chunk=4,
+                grad_sum=grad_sum,
+            )  # fmt: skip
             (logp.sum() + entropy.sum()).backward()
         results.append((logp, entropy, h.grad, head.grad.clone(), casts.count))
         model.zero_grad()
     per_call, once = results
     chunks = 6  # 21 tokens in chunks of 4
     assert per_call[4] == 2 * chunks + chunks  # forward + recompute casts, one ∇W cast per chunk
-    assert once[4] == 1 + chunks  # one cast for the pass; the ∇W casts stay
+    assert once[4] == 1 + chunks  # one cast for the pass; on CPU the ∇W casts stay
     for a, b in zip(per_call[:4], once[:4], strict=True):
         assert torch.equal(a, b)

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fp8rl.kernels.dense_cast import cast_linear, cast_weight
+from fp8rl.kernels.dense_cast import GradSum, cast_linear, cast_weight
 
 BF16 = torch.bfloat16
 
@@ -41,3 +41,34 @@ def test_cast_linear_refuses_a_cast_of_another_dtype_or_shape():
         cast_linear(x, w, torch.zeros(8, 4, dtype=torch.float16))
     with pytest.raises(ValueError, match="cast_weight"):
         cast_linear(x, w, torch.zeros(4, 8, dtype=BF16))
+
+
+def test_grad_sum_hands_the_weight_the_sum_of_its_calls_once_bitwise_on_cpu():
+    torch.manual_seed(0)
+    w = torch.randn(300, 64, requires_grad=True)
+    x = torch.randn(10, 64, dtype=BF16, requires_grad=True)
+    g = torch.randn(10, 300, dtype=BF16)
+    cast = cast_weight(w, BF16)
+    y = torch.cat([cast_linear(x[i : i + 4], w, cast) for i in (0, 4, 8)])
+    y.backward(g)
+    expected = w.grad.clone(), x.grad.clone()
+    w.grad = x.grad = None
+    grad_sum = GradSum(w)
+    xs = grad_sum.collect(x)
+    y2 = torch.cat([cast_linear(xs[i : i + 4], w, cast, grad_sum=grad_sum) for i in (0, 4, 8)])
+    assert grad_sum.total is None and w.grad is None  # nothing before the backward
+    y2.backward(g)
+    assert torch.equal(y, y2)
+    assert torch.equal(w.grad, expected[0]) and torch.equal(x.grad, expected[1])
+    assert grad_sum.total is None  # handed over, not kept
+
+
+def test_grad_sum_refuses_an_input_outside_its_collect_and_another_weight():
+    w, other = torch.randn(8, 4, requires_grad=True), torch.randn(8, 4, requires_grad=True)
+    x = torch.randn(2, 4, dtype=BF16, requires_grad=True)
+    grad_sum = GradSum(w)
+    with pytest.raises(ValueError, match="collect"):
+        cast_linear(x, w, cast_weight(w, BF16), grad_sum=grad_sum)  # would lose ∇W silently
+    xs = grad_sum.collect(x)
+    with pytest.raises(ValueError, match="collect"):
+        cast_linear(xs, other, cast_weight(other, BF16), grad_sum=grad_sum)

@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 
 from fp8rl.kernels.backend import triton_available
 from fp8rl.kernels.decode_attention import decode_attention, use_decode_attention
-from fp8rl.kernels.dense_cast import cast_weight
+from fp8rl.kernels.dense_cast import GradSum, cast_weight
 from fp8rl.kernels.dense_exact import DeferredWeightGrad
 from fp8rl.kernels.fused import add_rms_norm_quant, silu_mul_quant
 from fp8rl.kernels.gemm import fp8_gemm
@@ -505,16 +505,21 @@ class Decoder(nn.Module):
             return dense_linear(hidden, weight, exact=exact, deferred=tied_head)
         return self.lm_head(hidden)
 
-    def head(self, tied_head: DeferredWeightGrad | None = None) -> Callable[[Tensor], Tensor]:
-        """``logits`` as the function ``chunked_logprobs`` calls per chunk of one scoring pass.
+    def head(
+        self, tied_head: DeferredWeightGrad | None = None
+    ) -> tuple[Callable[[Tensor], Tensor], GradSum | None]:
+        """``logits`` as the function ``chunked_logprobs`` calls per chunk of one scoring pass,
+        and the ``GradSum`` to pass it along (or None).
 
         A dense head whose master weight is not in the compute dtype (the trainer's FP32 master)
         is cast once here, for every chunk and every chunk's recompute in the backward, instead
         of once per call (``kernels.dense_cast``: same logits, same gradients, bitwise). The copy
-        lives as long as the pass's autograd graph. ``hidden [n, H] → logits [n, V]``; hidden
-        in another dtype than the compute dtype is cast per call, as ``logits`` does. With a cast
-        the function calls ``dense_linear`` directly: hooks on ``lm_head`` do not run (none of
-        fp8rl's models with an FP32 master head has any).
+        lives as long as the pass's autograd graph. In fast mode its ∇W is summed over the chunks
+        in one FP32 buffer (``GradSum``; on CUDA inside the GEMMs), which ``chunked_logprobs``
+        hands to the weight once. ``hidden [n, H] → logits [n, V]``; hidden in another dtype
+        than the compute dtype is cast per call, as ``logits`` does. With a cast the function
+        calls ``dense_linear`` directly: hooks on ``lm_head`` do not run (none of fp8rl's models
+        with an FP32 master head has any).
         """
         tied = self.config.tie_word_embeddings
         weight = self.model.embed_tokens.weight if tied else getattr(self.lm_head, "weight", None)
@@ -524,12 +529,15 @@ class Decoder(nn.Module):
         if dense and not on_cpu_exact:  # CPU exact heads run float64 GEMMs: nothing to reuse
             cast = cast_weight(weight, self.compute_dtype)
         if cast is None:
-            return partial(self.logits, tied_head=tied_head)
+            return partial(self.logits, tied_head=tied_head), None
         bias = None if tied else self.lm_head.bias
-        return partial(
+        summed = not self.precision.exact and weight.requires_grad and torch.is_grad_enabled()
+        grad_sum = GradSum(weight) if summed else None
+        fn = partial(
             dense_linear, weight=weight, bias=bias, exact=self.precision.exact,
-            deferred=tied_head, cast=cast,
+            deferred=tied_head, cast=cast, grad_sum=grad_sum,
         )  # fmt: skip
+        return fn, grad_sum
 
     def score_responses(
         self,
@@ -567,13 +575,15 @@ class Decoder(nn.Module):
         idx = prompt_lengths[:, None] - 1 + torch.arange(r, device=hidden.device)[None]
         idx = idx.clamp(max=hidden.shape[1] - 1)
         hidden = hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1]))
+        head, grad_sum = self.head(tied)
         return chunked_logprobs(
-            self.head(tied),
+            head,
             hidden,
             response_ids,
             temperature=temperature,
             exact=self.precision.exact,
             with_entropy=with_entropy,
+            grad_sum=grad_sum,
         )
 
     def token_logprobs(self, hidden: Tensor, tokens: Tensor, *, temperature: float) -> Tensor:
@@ -583,7 +593,9 @@ class Decoder(nn.Module):
         """
         from fp8rl.workers.model.logprob import chunked_logprobs
 
+        head, grad_sum = self.head()
         logp, _ = chunked_logprobs(
-            self.head(), hidden, tokens, temperature=temperature, exact=self.precision.exact
-        )
+            head, hidden, tokens, temperature=temperature, exact=self.precision.exact,
+            grad_sum=grad_sum,
+        )  # fmt: skip
         return logp

@@ -13,8 +13,8 @@ is batch-invariant (always in exact mode).
 
 On CUDA the log-softmax (and the entropy, in the same pass) are the Triton rows of
 ``kernels.logprob_triton``: the BF16 logits are read, never copied to float32. The decoder's
-``head()`` casts an FP32 master head to BF16 once for all chunks and recomputes
-(``kernels.dense_cast``).
+``head()`` casts an FP32 master head to BF16 once for all chunks and recomputes, and in fast
+mode sums its ∇W over the chunks in one FP32 buffer (``kernels.dense_cast``).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from fp8rl.kernels.dense_cast import GradSum
 from fp8rl.kernels.invariant import token_logprobs, triton_logprobs
 from fp8rl.workers.algorithms import entropy_from_logits
 
@@ -42,6 +43,7 @@ def chunked_logprobs(
     exact: bool,
     with_entropy: bool = False,
     chunk: int = CHUNK_TOKENS,
+    grad_sum: GradSum | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """log p(tokens) and optionally the entropy of softmax(logits / T), ``chunk`` tokens at a time.
 
@@ -55,6 +57,8 @@ def chunked_logprobs(
             CPU, the Triton rows on CUDA).
         with_entropy: also return the per-token entropy (nats).
         chunk: tokens per chunk (> 0).
+        grad_sum: the head's ∇W summed over the chunks (``Decoder.head()``'s second value):
+            the chunks' hidden states pass through its ``collect`` so the sum reaches the weight.
     Returns:
         (logp [...] float32, entropy [...] float32 or None).
     Raises:
@@ -67,6 +71,8 @@ def chunked_logprobs(
             f"hidden {tuple(hidden.shape)} does not match tokens {tuple(tokens.shape)}"
         )
     flat_h, flat_t = hidden.reshape(-1, hidden.shape[-1]), tokens.reshape(-1)
+    if grad_sum is not None:
+        flat_h = grad_sum.collect(flat_h)
     step = partial(
         _chunk, logits_fn, temperature=temperature, exact=exact, with_entropy=with_entropy
     )
