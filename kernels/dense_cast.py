@@ -70,9 +70,15 @@ class GradSum:
         self._storage = x.untyped_storage().data_ptr()
         return _Collect.apply(x, self.weight, self)
 
-    def covers(self, x: Tensor) -> bool:
-        """Whether ``x`` shares the collected input's storage (a slice of it)."""
-        return self._storage is not None and x.untyped_storage().data_ptr() == self._storage
+    def check(self, x: Tensor, weight: Tensor) -> None:
+        """Raise ValueError unless this sums ``weight``'s ∇W and ``x`` is a slice of the
+        collected input (shares its storage): otherwise the sum would never reach the weight."""
+        covered = self._storage is not None and x.untyped_storage().data_ptr() == self._storage
+        if self.weight is not weight or not covered:
+            raise ValueError(
+                "grad_sum must be GradSum(weight) and x a slice of its collect(...) output: "
+                "otherwise the summed ∇W would never reach the weight"
+            )
 
     def add(self, grad_y: Tensor, x: Tensor, w_dtype: torch.dtype) -> None:
         """Add ``grad_yᵀ · x`` ([N, M]·[M, K] → [N, K]) in ``w_dtype`` to the sum."""
@@ -159,9 +165,6 @@ def cast_linear(
         )
     if not torch.is_grad_enabled():
         return F.linear(x, cast, None if bias is None else bias.to(x.dtype))
-    if grad_sum is not None and (grad_sum.weight is not weight or not grad_sum.covers(x)):
-        raise ValueError(
-            "grad_sum must be GradSum(weight) and x a slice of its collect(...) output: "
-            "otherwise the summed ∇W would never reach the weight"
-        )
+    if grad_sum is not None:
+        grad_sum.check(x, weight)
     return _CastLinear.apply(x, weight, cast, bias, grad_sum)

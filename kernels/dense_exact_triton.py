@@ -24,6 +24,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from fp8rl.kernels.dense_cast import GradSum
+
 GEMM_BLOCK = (128, 128, 64)  # BLOCK_M, BLOCK_N, BLOCK_K
 GEMM_WARPS, GEMM_STAGES, GROUP_M = 8, 3, 8
 
@@ -82,28 +84,38 @@ def _gemm(x2: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
 
 class _ExactDense(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, cast: Tensor | None):
+    def forward(ctx, x, weight, bias, cast, grad_sum):
         w = (weight.to(x.dtype) if cast is None else cast).contiguous()
         b = None if bias is None else bias.to(x.dtype).contiguous()
         x2 = x.reshape(-1, x.shape[-1]).contiguous()
         ctx.save_for_backward(x, weight, bias, cast)
+        ctx.grad_sum = grad_sum
         return _gemm(x2, w, b).reshape(*x.shape[:-1], w.shape[0])
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         x, weight, bias, cast = ctx.saved_tensors
-        need_x, need_w, need_b, _ = ctx.needs_input_grad
+        need_x, need_w, need_b, _, _ = ctx.needs_input_grad
         g = grad_out.reshape(-1, grad_out.shape[-1])
         x2 = x.reshape(-1, x.shape[-1])
         w = weight.to(x.dtype) if cast is None else cast
         grad_x = (g @ w).reshape(x.shape) if need_x else None
-        grad_w = (g.t() @ x2).to(weight.dtype) if need_w else None
+        grad_w = None
+        if need_w and ctx.grad_sum is not None:
+            ctx.grad_sum.add(g, x2, weight.dtype)
+        elif need_w:
+            grad_w = (g.t() @ x2).to(weight.dtype)
         grad_b = g.float().sum(0).to(x.dtype).to(bias.dtype) if need_b else None
-        return grad_x, grad_w, grad_b, None
+        return grad_x, grad_w, grad_b, None, None
 
 
 def exact_dense_gemm(
-    x: Tensor, weight: Tensor, bias: Tensor | None = None, *, cast: Tensor | None = None
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    *,
+    cast: Tensor | None = None,
+    grad_sum: GradSum | None = None,
 ) -> Tensor:
     """y = x·Wᵀ + b with a batch-invariant fixed-tile Triton GEMM (fp32 accumulation).
 
@@ -112,11 +124,16 @@ def exact_dense_gemm(
             copy, like ``invariant.dense_linear``). bias: [N] or None.
         cast: that x.dtype copy made once for several calls (``dense_cast.cast_weight``), or
             None to cast here.
+        grad_sum: sum ∇W there instead of returning it (``dense_cast.GradSum(weight)``; x a
+            slice of its ``collect`` output).
     Returns:
         [..., N] in x.dtype; differentiable (backward through cuBLAS, deterministic).
     Raises:
-        ValueError: ``cast`` is not ``weight``'s shape in x.dtype.
+        ValueError: ``cast`` is not ``weight``'s shape in x.dtype; ``grad_sum`` is for another
+            weight or does not cover x (under autograd).
     """
     if cast is not None and (cast.shape != weight.shape or cast.dtype != x.dtype):
         raise ValueError(f"cast {tuple(cast.shape)} {cast.dtype} is not weight in {x.dtype}")
-    return _ExactDense.apply(x, weight, bias, cast)
+    if torch.is_grad_enabled() and grad_sum is not None:
+        grad_sum.check(x, weight)
+    return _ExactDense.apply(x, weight, bias, cast, grad_sum)

@@ -294,14 +294,15 @@ def dense_linear(
     instead of casting ``weight`` again (same bits, ∇W still to ``weight``); the float64 paths
     ignore it, and so does every path when its dtype is not ``x.dtype`` (then ``weight`` is cast
     for this call, as without it). ``grad_sum`` (``dense_cast.GradSum``): the fast path with
-    ``cast`` sums ∇W there (``x`` must descend from its ``collect``); other paths ignore it.
+    ``cast`` and the Triton exact path sum ∇W there (``x`` must descend from its ``collect``);
+    the float64 paths ignore it (and return ∇W to autograd).
     """
     if cast is not None and cast.dtype != x.dtype:
         cast = None
     if exact and triton_exact(x):
         from fp8rl.kernels.dense_exact_triton import exact_dense_gemm
 
-        return exact_dense_gemm(x, weight, bias, cast=cast)
+        return exact_dense_gemm(x, weight, bias, cast=cast, grad_sum=grad_sum)
     if exact and weight.numel() >= MIN_ELEMENTS:  # a vocabulary head: no float64 copy of it all
         return exact_dense_linear(x, weight, bias, deferred=deferred)
     if cast is not None and not exact:

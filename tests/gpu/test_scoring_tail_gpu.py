@@ -58,11 +58,12 @@ def test_training_tail_scores_tokens_bitwise_as_the_engine(preset, mode, exact):
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "small-llama"])
-def test_fast_head_gradient_summed_over_chunks_in_fp32_is_as_close_to_float64(preset):
+@pytest.mark.parametrize("exact", [False, True])
+def test_head_gradient_summed_over_chunks_in_fp32_is_as_close_to_float64(preset, exact):
     """``Decoder.head()``'s ``GradSum`` (each chunk's ∇W GEMM writing FP32 into one buffer,
     cuBLAS β = 1) against the per-chunk BF16 ∇W added by autograd, both against float64."""
     cfg = dataclasses.replace(PRESETS[preset], num_hidden_layers=1)
-    precision = LayerPrecision(dtype=torch.bfloat16, fp8=False, quant=None, exact=False)
+    precision = LayerPrecision(dtype=torch.bfloat16, fp8=False, quant=None, exact=exact)
     model = build_decoder(
         cfg, precision, state_dict=None, max_positions=64, param_dtype=torch.float32,
         device="cuda",
@@ -76,7 +77,7 @@ def test_fast_head_gradient_summed_over_chunks_in_fp32_is_as_close_to_float64(pr
     def weight_grad(make):
         fn, grad_sum = make()
         logp, _ = chunked_logprobs(
-            fn, hidden.clone().requires_grad_(True), tokens, temperature=1.0, exact=False,
+            fn, hidden.clone().requires_grad_(True), tokens, temperature=1.0, exact=exact,
             chunk=512, grad_sum=grad_sum,
         )  # fmt: skip
         logp.sum().backward()

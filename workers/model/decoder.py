@@ -514,9 +514,9 @@ class Decoder(nn.Module):
         A dense head whose master weight is not in the compute dtype (the trainer's FP32 master)
         is cast once here, for every chunk and every chunk's recompute in the backward, instead
         of once per call (``kernels.dense_cast``: same logits, same gradients, bitwise). The copy
-        lives as long as the pass's autograd graph. In fast mode its ∇W is summed over the chunks
-        in one FP32 buffer (``GradSum``; on CUDA inside the GEMMs), which ``chunked_logprobs``
-        hands to the weight once. ``hidden [n, H] → logits [n, V]``; hidden in another dtype
+        lives as long as the pass's autograd graph. Its ∇W is summed over the chunks in one FP32
+        buffer (``GradSum``; on CUDA inside the GEMMs), which ``chunked_logprobs`` hands to the
+        weight once. ``hidden [n, H] → logits [n, V]``; hidden in another dtype
         than the compute dtype is cast per call, as ``logits`` does. With a cast the function
         calls ``dense_linear`` directly: hooks on ``lm_head`` do not run (none of fp8rl's models
         with an FP32 master head has any).
@@ -531,7 +531,7 @@ class Decoder(nn.Module):
         if cast is None:
             return partial(self.logits, tied_head=tied_head), None
         bias = None if tied else self.lm_head.bias
-        summed = not self.precision.exact and weight.requires_grad and torch.is_grad_enabled()
+        summed = weight.requires_grad and torch.is_grad_enabled()
         grad_sum = GradSum(weight) if summed else None
         fn = partial(
             dense_linear, weight=weight, bias=bias, exact=self.precision.exact,
