@@ -60,7 +60,7 @@ def build(cfg, mode: str, exact: bool, seq: int, checks: str, variant: str = "ne
         if hasattr(module, "check_finite"):
             module.check_finite = checks != "off"
     if variant == "old":  # the head cast per call, as before Decoder.head
-        model.head = lambda tied_head=None: partial(model.logits, tied_head=tied_head)
+        model.head = lambda tied_head=None: (partial(model.logits, tied_head=tied_head), None)
     return model.train()
 
 

@@ -45,52 +45,95 @@ def cast_weight(weight: Tensor, dtype: torch.dtype) -> Tensor | None:
 
 
 class GradSum:
-    """∇W of the ``cast_linear`` calls of one pass on one weight, summed in one buffer.
+    """∇W of the calls of one scoring pass on one weight, summed in one buffer.
 
-    Usage: ``grad_sum = GradSum(weight)``, ``x = grad_sum.collect(x)`` once, before the calls (an identity whose backward
-    runs after every call's: their outputs all depend on it), then ``cast_linear(x_i, weight,
-    cast, grad_sum=grad_sum)`` on slices of that ``x``. The calls return no ∇W to autograd; the
-    identity's backward returns their sum as ``weight``'s gradient (one ``AccumulateGrad``, so
-    hooks and FSDP see one gradient as usual).
+    The calls are ``cast_linear`` (fast path) and ``dense_exact_triton.exact_dense_gemm`` (exact
+    path on CUDA), reached through ``invariant.dense_linear(..., grad_sum=)``. Usage:
+    ``grad_sum = GradSum(weight)``; ``x = grad_sum.collect(x)`` once, before the calls (an
+    identity whose backward runs after every call's: their outputs all depend on it); then the
+    calls on slices of that ``x``. The calls return no ∇W to autograd; the identity's backward
+    returns their sum as ``weight``'s gradient (one ``AccumulateGrad``, so hooks and FSDP see one
+    gradient as usual). One pass per ``GradSum``; a backward that stops before the identity's
+    (``autograd.grad`` of other inputs) leaves nothing behind for the next one: sums are kept per
+    backward pass (autograd's graph task).
 
     The sum: on CUDA with BF16/FP16 inputs and an FP32 weight, each call's ∇Yᵀ·X is one GEMM with
     FP32 output accumulating into the buffer (``torch.addmm(..., out_dtype=float32)``); more
-    accurate than before (no BF16 rounding per call), not bitwise it. Elsewhere, each call's
-    product in x.dtype is cast to the weight's dtype and added in call order: bitwise what
-    autograd's accumulation of the per-call gradients gives.
+    accurate than a per-call BF16 ∇W (no BF16 rounding per call), not bitwise it. Elsewhere (and
+    under ``create_graph``), each call's product in x.dtype is cast to the weight's dtype and
+    added in call order: bitwise what autograd's accumulation of the per-call gradients gives.
     """
 
     def __init__(self, weight: Tensor) -> None:
         self.weight = weight
         self.total: Tensor | None = None
-        self._storage: int | None = None  # the collected x's storage: calls must read slices of it
+        self._task: int | None = None  # the backward pass (graph task) ``total`` belongs to
+        self._node = None  # the collect output's grad_fn: the calls' inputs must descend from it
+        self._collected = False
 
     def collect(self, x: Tensor) -> Tensor:
-        """``x`` unchanged (a view); its backward hands the weight the summed ∇W (see above)."""
-        self._storage = x.untyped_storage().data_ptr()
-        return _Collect.apply(x, self.weight, self)
+        """``x`` unchanged (a view); its backward hands the weight the summed ∇W (see above).
+
+        Raises:
+            ValueError: called a second time (one pass per ``GradSum``).
+        """
+        if self._collected:
+            raise ValueError("GradSum.collect was already called: make one GradSum per pass")
+        self._collected = True
+        out = _Collect.apply(x, self.weight, self)
+        self._node = out.grad_fn
+        return out
 
     def check(self, x: Tensor, weight: Tensor) -> None:
-        """Raise ValueError unless this sums ``weight``'s ∇W and ``x`` is a slice of the
-        collected input (shares its storage): otherwise the sum would never reach the weight."""
-        covered = self._storage is not None and x.untyped_storage().data_ptr() == self._storage
-        if self.weight is not weight or not covered:
+        """Raise ValueError unless this sums ``weight``'s ∇W and ``x`` descends from the collect
+        output (its autograd history reaches the identity through a few one-input ops: slices,
+        views, copies): otherwise the sum would never reach the weight."""
+        node, reached = x.grad_fn, False
+        for _ in range(6):
+            if node is None or node is self._node:
+                reached = node is self._node and node is not None
+                break
+            parents = [f for f, _ in node.next_functions if f is not None]
+            if len(parents) != 1:
+                break
+            node = parents[0]
+        if self.weight is not weight or not (reached or self._no_graph(x)):
             raise ValueError(
                 "grad_sum must be GradSum(weight) and x a slice of its collect(...) output: "
                 "otherwise the summed ∇W would never reach the weight"
             )
 
+    def _no_graph(self, x: Tensor) -> bool:
+        """Nothing to lose: neither x nor the weight takes a gradient."""
+        return self._collected and not x.requires_grad and not self.weight.requires_grad
+
     def add(self, grad_y: Tensor, x: Tensor, w_dtype: torch.dtype) -> None:
-        """Add ``grad_yᵀ · x`` ([N, M]·[M, K] → [N, K]) in ``w_dtype`` to the sum."""
+        """Add ``grad_yᵀ · x`` ([N, M]·[M, K] → [N, K]) in ``w_dtype`` to this backward pass's
+        sum (called from the calls' backward)."""
+        task = torch._C._current_graph_task_id()  # private but stable: torch.utils.checkpoint's
+        if task != self._task:
+            self.total, self._task = None, task
         gt = grad_y.t()
-        if x.is_cuda and w_dtype == torch.float32 and x.dtype in (torch.bfloat16, torch.float16):
+        fused = x.is_cuda and w_dtype == torch.float32 and x.dtype in (torch.bfloat16, torch.half)
+        if fused and not torch.is_grad_enabled():  # create_graph needs the differentiable ops
             if self.total is None:
                 self.total = torch.mm(gt, x, out_dtype=w_dtype)
             else:
                 torch.addmm(self.total, gt, x, out_dtype=w_dtype, out=self.total)
             return
         part = gt.mm(x).to(w_dtype)
-        self.total = part if self.total is None else self.total.add_(part)
+        if self.total is None:
+            self.total = part
+        elif torch.is_grad_enabled():
+            self.total = self.total + part
+        else:
+            self.total.add_(part)
+
+    def take(self) -> Tensor | None:
+        """This backward pass's sum (then forgotten), or None."""
+        mine = self._task == torch._C._current_graph_task_id()
+        total, self.total, self._task = self.total, None, None
+        return total if mine else None
 
 
 class _Collect(torch.autograd.Function):
@@ -101,7 +144,7 @@ class _Collect(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        total, ctx.grad_sum.total = ctx.grad_sum.total, None
+        total = ctx.grad_sum.take()
         return grad, total if ctx.needs_input_grad[1] else None, None
 
 

@@ -295,7 +295,8 @@ def dense_linear(
     ignore it, and so does every path when its dtype is not ``x.dtype`` (then ``weight`` is cast
     for this call, as without it). ``grad_sum`` (``dense_cast.GradSum``): the fast path with
     ``cast`` and the Triton exact path sum ∇W there (``x`` must descend from its ``collect``);
-    the float64 paths ignore it (and return ∇W to autograd).
+    the float64 paths and the fast path without a usable ``cast`` ignore it (and return ∇W to
+    autograd).
     """
     if cast is not None and cast.dtype != x.dtype:
         cast = None

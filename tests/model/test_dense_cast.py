@@ -65,10 +65,31 @@ def test_grad_sum_hands_the_weight_the_sum_of_its_calls_once_bitwise_on_cpu():
 
 def test_grad_sum_refuses_an_input_outside_its_collect_and_another_weight():
     w, other = torch.randn(8, 4, requires_grad=True), torch.randn(8, 4, requires_grad=True)
-    x = torch.randn(2, 4, dtype=BF16, requires_grad=True)
+    x = torch.randn(6, 4, dtype=BF16, requires_grad=True)
     grad_sum = GradSum(w)
     with pytest.raises(ValueError, match="collect"):
         cast_linear(x, w, cast_weight(w, BF16), grad_sum=grad_sum)  # would lose ∇W silently
     xs = grad_sum.collect(x)
+    with pytest.raises(ValueError, match="collect"):  # x's own slice shares storage, not history
+        cast_linear(x[:2], w, cast_weight(w, BF16), grad_sum=grad_sum)
     with pytest.raises(ValueError, match="collect"):
         cast_linear(xs, other, cast_weight(other, BF16), grad_sum=grad_sum)
+    cast_linear(xs[2:4].contiguous(), w, cast_weight(w, BF16), grad_sum=grad_sum)  # a copy is fine
+    with pytest.raises(ValueError, match="one GradSum per pass"):
+        grad_sum.collect(x)
+
+
+def test_grad_sum_keeps_nothing_from_a_backward_that_stopped_before_its_collect():
+    torch.manual_seed(0)
+    w = torch.randn(30, 16, requires_grad=True)
+    b = torch.randn(30, requires_grad=True)
+    x = torch.randn(8, 16, dtype=BF16, requires_grad=True)
+    cast = cast_weight(w, BF16)
+    per_chunk = torch.cat([cast_linear(x[i : i + 4], w, cast, b) for i in (0, 4)])
+    reference = torch.autograd.grad(per_chunk.float().sum(), w)[0]
+    grad_sum = GradSum(w)
+    xs = grad_sum.collect(x)
+    y = torch.cat([cast_linear(xs[i : i + 4], w, cast, b, grad_sum=grad_sum) for i in (0, 4)])
+    torch.autograd.grad(y.float().sum(), b, retain_graph=True)  # chunk backwards run, collect not
+    y.float().sum().backward()
+    assert torch.equal(w.grad, reference)  # once, not twice

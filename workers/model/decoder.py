@@ -513,10 +513,10 @@ class Decoder(nn.Module):
 
         A dense head whose master weight is not in the compute dtype (the trainer's FP32 master)
         is cast once here, for every chunk and every chunk's recompute in the backward, instead
-        of once per call (``kernels.dense_cast``: same logits, same gradients, bitwise). The copy
-        lives as long as the pass's autograd graph. Its ∇W is summed over the chunks in one FP32
-        buffer (``GradSum``; on CUDA inside the GEMMs), which ``chunked_logprobs`` hands to the
-        weight once. ``hidden [n, H] → logits [n, V]``; hidden in another dtype
+        of once per call (``kernels.dense_cast``: the same logits bitwise). The copy lives as long
+        as the pass's autograd graph. Its ∇W is summed over the chunks in one FP32 buffer
+        (``GradSum``), which ``chunked_logprobs`` hands to the weight once: on CUDA inside the
+        GEMMs (more accurate than per-chunk BF16 ∇W, not bitwise it), on CPU bitwise as before. ``hidden [n, H] → logits [n, V]``; hidden in another dtype
         than the compute dtype is cast per call, as ``logits`` does. With a cast the function
         calls ``dense_linear`` directly: hooks on ``lm_head`` do not run (none of fp8rl's models
         with an FP32 master head has any).

@@ -13,8 +13,8 @@ is batch-invariant (always in exact mode).
 
 On CUDA the log-softmax (and the entropy, in the same pass) are the Triton rows of
 ``kernels.logprob_triton``: the BF16 logits are read, never copied to float32. The decoder's
-``head()`` casts an FP32 master head to BF16 once for all chunks and recomputes, and in fast
-mode sums its ∇W over the chunks in one FP32 buffer (``kernels.dense_cast``).
+``head()`` casts an FP32 master head to BF16 once for all chunks and recomputes, and sums its ∇W
+over the chunks in one FP32 buffer (``kernels.dense_cast.GradSum``; on CPU only in fast mode).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def chunked_logprobs(
     step = partial(
         _chunk, logits_fn, temperature=temperature, exact=exact, with_entropy=with_entropy
     )
-    recompute = torch.is_grad_enabled() and hidden.requires_grad
+    recompute = torch.is_grad_enabled() and flat_h.requires_grad  # after collect: a trainable head
     logps, entropies = [], []
     for start in range(0, max(flat_t.shape[0], 1), chunk):
         args = (flat_h[start : start + chunk], flat_t[start : start + chunk])
