@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from fp8rl.kernels import deferred_finite_checks
+from fp8rl.kernels import attention_cudnn_bwd, deferred_finite_checks
 from fp8rl.kernels.fused import set_triton_backward
 from fp8rl.kernels.invariant import set_fast_attention, set_fast_logprobs
 from fp8rl.kernels.linear_group import set_grouped
@@ -176,6 +176,14 @@ def main() -> None:
         "invariant Triton kernel (default; the engine reads the KV cache in place) or SDPA",
     )
     parser.add_argument(
+        "--attention-bwd",
+        default="cudnn",
+        choices=["cudnn", "triton"],
+        help="the trainer's attention backward (kernels.attention_cudnn_bwd): cuDNN's from the "
+        "invariant forward's output and log-sum-exp (default, where it applies) or the Triton "
+        "dQ / dK-dV kernels",
+    )
+    parser.add_argument(
         "--variant",
         nargs="+",
         default=["new"],
@@ -186,6 +194,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     set_fast_attention(args.attention)
+    attention_cudnn_bwd.set_enabled(args.attention_bwd == "cudnn")
     cfg = dataclasses.replace(PRESETS[args.preset], num_hidden_layers=args.layers)
     fp8 = [("unified_fp8", False)] if "unified_fp8" in args.modes else []
     fp8 += [("unified_fp8", True)] if args.exact else []
@@ -211,7 +220,7 @@ def main() -> None:
             )
     lines = [
         f"# Train step — {args.preset}, {args.layers} layers, seq {args.seq}, "
-        f"fast attention {args.attention}",
+        f"fast attention {args.attention}, attention backward {args.attention_bwd}",
         f"{time.strftime('%Y-%m-%d')} · {torch.cuda.get_device_name()} · torch {torch.__version__}",
         "",
         "| mode | exact | NaN checks | q/k/v, gate/up grouped | variant | tokens | step s | vs BF16 | peak GiB |",

@@ -51,7 +51,9 @@ The backward (trainer only) is FlashAttention-2's (Dao 2023), as in Triton's fus
 tutorial: ``dQ`` per query block walking key blocks, ``dK``/``dV`` per key block walking every
 query row of its KV head (the GQA group summed inside the program). No atomics, no split
 reductions: deterministic, but it need not equal anything bitwise. Tested against float64
-attention (``tests/fp8_kernels/test_attention_exact_gpu.py``).
+attention (``tests/fp8_kernels/test_exact_triton_gpu.py``). Where cuDNN's fused SDPA backward
+can take the call (whole causal sequences; padding rows without a gradient), the trainer's
+backward runs it from this forward's output and log-sum-exp instead (``attention_cudnn_bwd``).
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from fp8rl.kernels import attention_cudnn_bwd as fused_bwd
 
 BLOCK_M = 64
 BLOCK_N = 64
@@ -314,8 +318,12 @@ class _ExactAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, nvis, out, lse = ctx.saved_tensors
-        k, v = k.contiguous(), v.contiguous()  # dK/dV are written with K/V's strides
         do = _last_dim_contiguous(grad_out)
+        if fused_bwd.applies(q, k) and fused_bwd.causal_or_silent(nvis, do):
+            grads = fused_bwd.backward(q, k, v, out, lse, do, ctx.scale)
+            if grads is not None:
+                return (*grads, None, None)
+        k, v = k.contiguous(), v.contiguous()  # dK/dV are written with K/V's strides
         delta = (do.float() * out.float()).sum(-1).contiguous()  # [B, H, Lq]
         b, h, lq, d = q.shape
         hkv, lk = k.shape[1], k.shape[2]

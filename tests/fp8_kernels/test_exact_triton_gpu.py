@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fp8rl.kernels import attention_cudnn_bwd as fused_bwd
 from fp8rl.kernels.attention_exact_triton import exact_attention
 from fp8rl.kernels.dense_exact_triton import exact_dense_gemm
 from fp8rl.kernels.invariant import (
@@ -186,6 +187,42 @@ def test_backward_is_close_to_float64_and_deterministic(d):
         assert torch.equal(a, a2)
         err = (a.double() - r).abs().max() / r.abs().max()
         assert err < 2e-2, err.item()
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_trainer_backward_on_cudnn_matches_float64_and_the_triton_kernels(d, monkeypatch):
+    """Causal rows plus padding rows without a gradient (a masked RL loss): cuDNN's backward runs
+    (two runs bitwise) and its gradients are as close to float64 as Triton's."""
+    b, h, hkv, length = 2, 8, 2, 300
+    q, k, v = _qkv(b, h, hkv, length, length, d=d, seed=5)
+    pos = torch.arange(length, device=CUDA).expand(b, length)
+    k_len = torch.tensor([length, 211], device=CUDA)
+    mask = attention_mask(pos, k_len, length)
+    grad = torch.randn(b, h, length, d, device=CUDA, dtype=BF16)
+    grad = grad.masked_fill((pos >= k_len[:, None])[:, None, :, None], 0.0)
+    calls = []
+    real = fused_bwd.backward
+    monkeypatch.setattr(fused_bwd, "backward", lambda *a: calls.append(1) or real(*a))
+
+    def grads(dtype, fn):
+        ins = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        (fn(*ins).to(dtype) * grad.to(dtype)).sum().backward()
+        return [t.grad for t in ins]
+
+    run = lambda *t: attention(*t, mask, scale=d**-0.5, exact=True)  # noqa: E731
+    fused, fused_again = grads(BF16, run), grads(BF16, run)
+    assert len(calls) == 2
+    previous = fused_bwd.set_enabled(False)
+    try:
+        tri = grads(BF16, run)
+    finally:
+        fused_bwd.set_enabled(previous)
+    assert len(calls) == 2
+    ref = grads(torch.float64, lambda *t: _reference(*t, mask, d**-0.5))
+    for a, a2, t, r in zip(fused, fused_again, tri, ref, strict=True):
+        assert torch.equal(a, a2)
+        err, tri_err = ((x.double() - r).abs().max() / r.abs().max() for x in (a, t))
+        assert err < 2e-2 and err < 2 * tri_err + 1e-3, (err.item(), tri_err.item())
 
 
 def test_dense_gemm_rows_are_bitwise_equal_at_m1_and_m4096():
