@@ -62,6 +62,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from fp8rl.kernels import attention_cudnn_bwd as fused_bwd
 
@@ -316,13 +317,16 @@ class _ExactAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out):
         q, k, v, nvis, out, lse = ctx.saved_tensors
         do = _last_dim_contiguous(grad_out)
-        if fused_bwd.applies(q, k) and fused_bwd.causal_or_silent(nvis, do):
-            grads = fused_bwd.backward(q, k, v, out, lse, do, ctx.scale)
-            if grads is not None:
-                return (*grads, None, None)
+        if fused_bwd.applies(q, k):
+            causal = fused_bwd.causal_rows(nvis)
+            if fused_bwd.causal_or_silent(causal, do):
+                grads = fused_bwd.backward(q, k, v, out, lse, do, ctx.scale, causal)
+                if grads is not None:
+                    return (*grads, None, None)
         k, v = k.contiguous(), v.contiguous()  # dK/dV are written with K/V's strides
         delta = (do.float() * out.float()).sum(-1).contiguous()  # [B, H, Lq]
         b, h, lq, d = q.shape
@@ -379,8 +383,10 @@ def exact_attention(
             per KV head) on 16-row tiles (module doc, "Decode tiles": faster, not bitwise the
             64-row rows; fast mode only).
     Returns:
-        [B, H, Lq, D] in q.dtype; differentiable in q, k, v (deterministic backward, fp32
-        accumulation, no [Lq, Lk] buffer).
+        [B, H, Lq, D] in q.dtype; differentiable once in q, k, v (fp32 accumulation, no
+        [Lq, Lk] buffer): the trainer's whole-sequence calls on Hopper run cuDNN's fused backward
+        (``attention_cudnn_bwd``: measured run-to-run identical, not promised), the rest the
+        Triton kernels (deterministic).
     Raises:
         ValueError: shapes disagree, the head dim is not a power of two in [16, 256], FP8 k/v
             come without their scales or under autograd.

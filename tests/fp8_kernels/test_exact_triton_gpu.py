@@ -189,6 +189,27 @@ def test_backward_is_close_to_float64_and_deterministic(d):
         assert err < 2e-2, err.item()
 
 
+def _grads(q, k, v, n_visible, grad, dtype=BF16, fn=None):
+    ins = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    fn = fn or (lambda *t: exact_attention(*t, n_visible, scale=q.shape[-1] ** -0.5))
+    (fn(*ins).to(dtype) * grad.to(dtype)).sum().backward()
+    return [t.grad for t in ins]
+
+
+def _spy_cudnn(monkeypatch):
+    """Record, per cuDNN backward call, whether it returned gradients (False: a refusal)."""
+    taken = []
+    real = fused_bwd.backward
+
+    def spy(*args):
+        result = real(*args)
+        taken.append(result is not None)
+        return result
+
+    monkeypatch.setattr(fused_bwd, "backward", spy)
+    return taken
+
+
 @pytest.mark.parametrize("d", [64, 128])
 def test_trainer_backward_on_cudnn_matches_float64_and_the_triton_kernels(d, monkeypatch):
     """Causal rows plus padding rows without a gradient (a masked RL loss): cuDNN's backward runs
@@ -197,32 +218,55 @@ def test_trainer_backward_on_cudnn_matches_float64_and_the_triton_kernels(d, mon
     q, k, v = _qkv(b, h, hkv, length, length, d=d, seed=5)
     pos = torch.arange(length, device=CUDA).expand(b, length)
     k_len = torch.tensor([length, 211], device=CUDA)
-    mask = attention_mask(pos, k_len, length)
+    nvis = visible_keys(pos, k_len)
     grad = torch.randn(b, h, length, d, device=CUDA, dtype=BF16)
     grad = grad.masked_fill((pos >= k_len[:, None])[:, None, :, None], 0.0)
-    calls = []
-    real = fused_bwd.backward
-    monkeypatch.setattr(fused_bwd, "backward", lambda *a: calls.append(1) or real(*a))
-
-    def grads(dtype, fn):
-        ins = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
-        (fn(*ins).to(dtype) * grad.to(dtype)).sum().backward()
-        return [t.grad for t in ins]
-
-    run = lambda *t: attention(*t, mask, scale=d**-0.5, exact=True)  # noqa: E731
-    fused, fused_again = grads(BF16, run), grads(BF16, run)
-    assert len(calls) == 2
+    taken = _spy_cudnn(monkeypatch)
+    fused, fused_again = _grads(q, k, v, nvis, grad), _grads(q, k, v, nvis, grad)
+    assert taken == [True, True]
     previous = fused_bwd.set_enabled(False)
     try:
-        tri = grads(BF16, run)
+        tri = _grads(q, k, v, nvis, grad)
     finally:
         fused_bwd.set_enabled(previous)
-    assert len(calls) == 2
-    ref = grads(torch.float64, lambda *t: _reference(*t, mask, d**-0.5))
+    assert taken == [True, True]
+    mask = attention_mask(pos, k_len, length)
+    ref = _grads(q, k, v, nvis, grad, torch.float64, lambda *t: _reference(*t, mask, d**-0.5))
     for a, a2, t, r in zip(fused, fused_again, tri, ref, strict=True):
         assert torch.equal(a, a2)
         err, tri_err = ((x.double() - r).abs().max() / r.abs().max() for x in (a, t))
         assert err < 2e-2 and err < 2 * tri_err + 1e-3, (err.item(), tri_err.item())
+
+
+@pytest.mark.parametrize(("dtype", "spike"), [(BF16, 30.0), (torch.float16, 12.0)])
+def test_padding_keys_with_huge_scores_give_no_nan_in_the_cudnn_backward(dtype, spike, monkeypatch):
+    """Padding rows and keys that would score far above the rows' log-sum-exp under a causal mask
+    (they never saw those keys): the silent rows' statistic keeps every gradient finite and equal
+    to the Triton kernels' within rounding."""
+    g = torch.Generator(device=CUDA).manual_seed(7)
+    q = torch.randn(2, 4, 128, 64, device=CUDA, generator=g) * 0.1
+    k = torch.randn(2, 2, 128, 64, device=CUDA, generator=g) * 0.1
+    v = torch.randn(2, 2, 128, 64, device=CUDA, generator=g)
+    for t in (q, k):
+        t[:, :, 64:, 0] = spike  # padding rows and keys: q·k up to spike² · scale
+    pos = torch.arange(128, device=CUDA).expand(2, 128)
+    k_len = torch.tensor([64, 100], device=CUDA)
+    nvis = visible_keys(pos, k_len)
+    grad = torch.randn(2, 4, 128, 64, device=CUDA, generator=g)
+    grad = grad.masked_fill((pos >= k_len[:, None])[:, None, :, None], 0.0)
+    q, k, v, grad = (t.to(dtype) for t in (q, k, v, grad))
+    taken = _spy_cudnn(monkeypatch)
+    fused = _grads(q, k, v, nvis, grad, dtype)
+    assert taken == [True]
+    previous = fused_bwd.set_enabled(False)
+    try:
+        tri = _grads(q, k, v, nvis, grad, dtype)
+    finally:
+        fused_bwd.set_enabled(previous)
+    for a, t in zip(fused, tri, strict=True):
+        assert torch.isfinite(a).all() and torch.isfinite(t).all()
+        err = ((a.double() - t.double()).norm() / t.double().norm()).item()
+        assert err < 2e-2, err
 
 
 def test_dense_gemm_rows_are_bitwise_equal_at_m1_and_m4096():
