@@ -3,20 +3,27 @@
     python benchmarks/attention_fp8_tune.py
 
 The committed kernel (``attention_exact_triton._fwd_kernel`` with ``KV_FP8``) dequantizes each
-tile in registers as ``(code · scale)`` rounded to BF16 and moves 2.0 TB/s of FP8 bytes at most.
-Variants, each checked bitwise against the trainer's path (the BF16 kernel over
-``kv_round_trip`` keys) before it is timed:
+tile in registers as ``(code · scale)`` rounded to BF16 and stores it to shared memory for the
+BF16 wgmma; it moves ~40-50 % of HBM on FP8 bytes where the BF16 cache reaches 63-95 %. Compiled
+for sm_90 with Triton 3.6 (the device's; ``triton.compile`` runs on a CPU), its 3-stage binary
+holds 168 registers and 80 KB of shared memory a program: two programs (8 warps) per SM, each
+running load → dequantize → store → MMA → softmax → MMA in series. The variants here change when
+things are computed, never what, so each must stay bitwise the trainer's path (the BF16 kernel
+over ``kv_round_trip`` keys), which is checked before it is timed:
 
-* ``pow2``: with a power-of-two scale, ``code · scale`` is exact in BF16, so the tile is
-  converted without a multiply and the scales move to the fp32 scores (folded into the softmax
-  scale) and the output (``acc · v_scale``): the same bits, fewer instructions per element;
-* ``prefetch``: the next tile's codes are loaded before the current one is used;
-* ``num_stages`` 2–4 (pipelining only; the arithmetic is the committed one).
+* ``late_v``: V is dequantized after the Q·Kᵀ product instead of before it, so the BF16 K tile's
+  shared memory is free again when V's is written (Triton 3.6 at 3 stages: 64 KB, 189 registers);
+* ``maxnreg``: a register cap (ptxas); with ``late_v`` at 3 stages, 168 registers and 64 KB give
+  three programs per SM instead of two (no spills at 168 in the CPU compile; 128 spills);
+* ``num_stages`` 2-4 (pipelining: the next tiles' copies are issued at the end of a trip, so 3
+  stages keep one tile in flight during the compute and 4 keep two).
 
-Prints one table (µs per call from a CUDA graph, % of 4.3 TB/s for the FP8 bytes read).
-``_fwd`` is a copy of the committed forward with the variant switches (an experiment: the
-committed kernel took the winning ``num_stages``, ``attention_exact_triton.FP8_KV_STAGES``).
-Results of 2026-12-04: ``results/issue14/attention-graphs-1204e/call3-fp8-tune.md``.
+Prints one table (µs per call from a CUDA graph, % of 4.3 TB/s for the FP8 bytes read, the
+binary's registers / spills / shared memory). ``_fwd`` is a copy of the committed forward with
+the variant switch and the same stores (an experiment: a variant that wins moves into ``attention_exact_triton``).
+Earlier variants, measured slower on 2026-12-04 and dropped here (code at ``a1bb9ab``): a manual
+prefetch of the next tile, and a power-of-two scale folded into the scores
+(``results/issue14/attention-graphs-1204e/call3-fp8-tune.md``).
 """
 
 from __future__ import annotations
@@ -37,10 +44,9 @@ HBM = 4.3e12
 
 @triton.jit
 def _fwd(
-    Q, K, V, KS, VS, OUT, NVIS, Lq, Lk, R, G, HKV, qk_scale,
+    Q, K, V, KS, VS, OUT, LSE, NVIS, Lq, Lk, R, G, HKV, qk_scale,
     sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som,
-    D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, POW2: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, LATE_V: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -53,60 +59,31 @@ def _fwd(
     d = tl.arange(0, D)
     q_off = b.to(tl.int64) * sqb + head.to(tl.int64) * sqh + pos.to(tl.int64) * sqm
     q = tl.load(Q + q_off[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
-    nvis = tl.load(NVIS + b * Lq + pos, mask=row_ok, other=0)
-    hi = tl.minimum(tl.max(nvis, 0), Lk)
+    nvis = tl.minimum(tl.load(NVIS + b * Lq + pos, mask=row_ok, other=0), Lk)
+    hi = tl.max(nvis, 0)
     k_base = K + b.to(tl.int64) * skb + hk.to(tl.int64) * skh
     v_base = V + b.to(tl.int64) * svb + hk.to(tl.int64) * svh
     k_scale = tl.load(KS)
     v_scale = tl.load(VS)
-    s_scale = qk_scale
-    if POW2:
-        s_scale = qk_scale * k_scale
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
-    c0 = tl.arange(0, BN)
-    k_nx = tl.load(
-        k_base + c0.to(tl.int64)[:, None] * skn + d[None, :], mask=(c0 < hi)[:, None], other=0.0
-    )
-    v_nx = tl.load(
-        v_base + c0.to(tl.int64)[:, None] * svn + d[None, :], mask=(c0 < hi)[:, None], other=0.0
-    )
     for start in range(0, hi, BN):
         cols = start + tl.arange(0, BN)
         col_ok = cols < hi
-        if PREFETCH:
-            k = k_nx
-            v = v_nx
-            nc = cols + BN
-            k_nx = tl.load(
-                k_base + nc.to(tl.int64)[:, None] * skn + d[None, :],
-                mask=(nc < hi)[:, None],
-                other=0.0,
-            )
-            v_nx = tl.load(
-                v_base + nc.to(tl.int64)[:, None] * svn + d[None, :],
-                mask=(nc < hi)[:, None],
-                other=0.0,
-            )
-        else:
-            k = tl.load(
-                k_base + cols.to(tl.int64)[:, None] * skn + d[None, :],
-                mask=col_ok[:, None],
-                other=0.0,
-            )
-            v = tl.load(
-                v_base + cols.to(tl.int64)[:, None] * svn + d[None, :],
-                mask=col_ok[:, None],
-                other=0.0,
-            )
-        if POW2:
-            k = k.to(q.dtype)
-            v = v.to(q.dtype)
-        else:
-            k = (k.to(tl.float32) * k_scale).to(q.dtype)
+        k = tl.load(
+            k_base + cols.to(tl.int64)[:, None] * skn + d[None, :], mask=col_ok[:, None], other=0.0
+        )
+        v = tl.load(
+            v_base + cols.to(tl.int64)[:, None] * svn + d[None, :], mask=col_ok[:, None], other=0.0
+        )
+        k = (k.to(tl.float32) * k_scale).to(q.dtype)
+        if not LATE_V:
             v = (v.to(tl.float32) * v_scale).to(q.dtype)
-        s = tl.dot(q, tl.trans(k)) * s_scale
+        s = tl.dot(q, tl.trans(k))
+        if LATE_V:
+            v = (v.to(tl.float32) * v_scale).to(q.dtype)
+        s = s * qk_scale
         s = tl.where(cols[None, :] < nvis[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.math.exp2(m_i - m_new)
@@ -115,26 +92,42 @@ def _fwd(
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_new
-    if POW2:
-        acc = acc * v_scale
     out = acc / l_i[:, None]
     o_off = b.to(tl.int64) * sob + head.to(tl.int64) * soh + pos.to(tl.int64) * som
     tl.store(OUT + o_off[:, None] + d[None, :], out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+    lse_off = (b * HKV * G + head) * Lq + pos  # stored as the committed kernel does (registers)
+    tl.store(LSE + lse_off, m_i + tl.math.log2(l_i), mask=row_ok)
 
 
-def run(q, kc, vc, ks, vs, nvis, pow2, prefetch, stages):
+def run(q, kc, vc, ks, vs, nvis, late_v, stages, maxnreg, binaries):
     b, h, lq, d = q.shape
     hkv, lk = kc.shape[1], kc.shape[2]
     g = h // hkv
     out = torch.empty_like(q)
-    _fwd[(triton.cdiv(g * lq, att.BLOCK_M), b * hkv)](
-        q, kc, vc, ks, vs, out, nvis, lq, lk, g * lq, g, hkv, d**-0.5 * 1.4426950408889634,
+    lse = torch.empty(b, h, lq, dtype=torch.float32, device=q.device)
+    cap = {} if maxnreg is None else {"maxnreg": maxnreg}
+    binaries.append(_fwd[(triton.cdiv(g * lq, att.BLOCK_M), b * hkv)](
+        q, kc, vc, ks, vs, out, lse, nvis, lq, lk, g * lq, g, hkv, d**-0.5 * 1.4426950408889634,
         q.stride(0), q.stride(1), q.stride(2), kc.stride(0), kc.stride(1), kc.stride(2),
         vc.stride(0), vc.stride(1), vc.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        D=d, BM=att.BLOCK_M, BN=att.BLOCK_N, POW2=pow2, PREFETCH=prefetch,
-        num_warps=att.NUM_WARPS, num_stages=stages,
-    )  # fmt: skip
+        D=d, BM=att.BLOCK_M, BN=att.BLOCK_N, LATE_V=late_v,
+        num_warps=att.NUM_WARPS, num_stages=stages, **cap,
+    ))  # fmt: skip
     return out
+
+
+def _resources(binary) -> str:
+    """Registers / spilled registers / shared memory (KB) of a compiled kernel, or '?'."""
+    try:
+        return f"{binary.n_regs} / {binary.n_spills} / {binary.metadata.shared // 1024}"
+    except AttributeError:
+        return "?"
+
+
+VARIANTS = [  # (late_v, num_stages, maxnreg)
+    (False, 3, None), (False, 4, None), (True, 3, None), (True, 4, None),
+    (True, 3, 168), (True, 3, 160), (True, 4, 168), (True, 2, 128),
+]  # fmt: skip
 
 
 def committed(q, kc, vc, ks, vs, nvis):
@@ -143,8 +136,8 @@ def committed(q, kc, vc, ks, vs, nvis):
 
 def main() -> None:
     torch.manual_seed(0)
-    lines = ["| batch | keys | variant | µs | % HBM (FP8 bytes) | bitwise vs trainer |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| batch | keys | variant | µs | % HBM (FP8 bytes) | regs / spills / smem KB | bitwise vs trainer |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for batch, keys in [(64, 448), (64, 2176), (64, 4160), (256, 448), (256, 2176)]:
         cap = -(-keys // 128) * 128
         q = torch.randn(batch, H, 1, D, device="cuda").bfloat16()
@@ -152,26 +145,25 @@ def main() -> None:
         v = torch.randn(batch, HKV, cap, D, device="cuda").bfloat16()
         nvis = torch.full((batch, 1), keys, device="cuda", dtype=torch.int32)
         read = batch * HKV * keys * D * 2
-        for pow2 in (False, True):
-            ks = torch.tensor(2.0**-7 if pow2 else 0.0123, device="cuda")
-            vs = torch.tensor(2.0**-6 if pow2 else 0.0087, device="cuda")
-            kc, vc = kv_quantize(k, ks), kv_quantize(v, vs)
-            # the trainer's path: the committed BF16 kernel over the round-tripped keys
-            ref = att.exact_attention(q, kv_round_trip(k, ks, q.dtype), kv_round_trip(v, vs, q.dtype), nvis, scale=D**-0.5)  # fmt: skip
-            cases = [("committed", None)] if not pow2 else []
-            cases += [(f"{'pow2' if pow2 else 'mul'} prefetch={p} stages={s}", (p, s))
-                      for p in (False, True) for s in (2, 3, 4)]  # fmt: skip
-            for name, cfg in cases:
-                args = (q, kc, vc, ks, vs, nvis)
-                fn = partial(committed, *args) if cfg is None else partial(run, *args, pow2, *cfg)
-                try:
-                    same = torch.equal(fn(), ref)
-                    t = graph_time_us(fn)
-                except Exception as exc:  # keep the other rows
-                    lines.append(f"| {batch} | {keys} | {name} | error | {str(exc)[:80]} | |")
-                    continue
-                lines.append(f"| {batch} | {keys} | {name} | {t:.1f} | {100 * read / (t * 1e-6) / HBM:.0f}% | {same} |")  # fmt: skip
-                print(lines[-1], flush=True)
+        ks, vs = torch.tensor(0.0123, device="cuda"), torch.tensor(0.0087, device="cuda")
+        kc, vc = kv_quantize(k, ks), kv_quantize(v, vs)
+        # the trainer's path: the committed BF16 kernel over the round-tripped keys
+        ref = att.exact_attention(q, kv_round_trip(k, ks, q.dtype), kv_round_trip(v, vs, q.dtype), nvis, scale=D**-0.5)  # fmt: skip
+        cases = [("committed", None)] + [
+            (f"late_v={lv} stages={st} maxnreg={mr}", (lv, st, mr)) for lv, st, mr in VARIANTS
+        ]
+        for name, cfg in cases:
+            args, binaries = (q, kc, vc, ks, vs, nvis), []
+            fn = partial(committed, *args) if cfg is None else partial(run, *args, *cfg, binaries)
+            try:
+                same = torch.equal(fn(), ref)
+                t = graph_time_us(fn)
+            except Exception as exc:  # keep the other rows
+                lines.append(f"| {batch} | {keys} | {name} | error | {str(exc)[:80]} | | |")
+                continue
+            res = _resources(binaries[0]) if binaries else "committed binary"
+            lines.append(f"| {batch} | {keys} | {name} | {t:.1f} | {100 * read / (t * 1e-6) / HBM:.0f}% | {res} | {same} |")  # fmt: skip
+            print(lines[-1], flush=True)
     print("\n".join(lines))
 
 
