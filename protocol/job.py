@@ -38,7 +38,8 @@ class JobSpec(StrictModel):
     keep_previous_runs: int = Field(default=1, ge=0)
     """A fresh run moves an earlier run directory of the same name aside to
     ``<name>.previous-<time>``; this many such directories are kept, older ones are deleted
-    (0: the earlier run is deleted at once)."""
+    (0: the earlier run is deleted at once). Only runs that did something count: a failed start
+    (no step completed, no checkpoint) is replaced, not moved aside."""
 
     model: ModelSpec = Field(default_factory=ModelSpec)
     """The policy model."""

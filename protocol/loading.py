@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from fp8rl.protocol.base import UNION_TAGS
+from fp8rl.protocol.base import ERRORS_SHOWING_INPUT, UNION_TAGS
 from fp8rl.protocol.job import JobSpec
 from fp8rl.protocol.limits import LimitError, check_data_limits, load_yaml_bounded
 
@@ -273,11 +273,15 @@ def describe_errors(exc: ValidationError, data: Any, model: type[BaseModel]) -> 
                 f"{where}: unknown kind {tag!r}; expected one of {ctx.get('expected_tags')}"
             )
             continue
+        if err["type"] in ("model_type", "dict_type"):  # "... valid dictionary or instance of X"
+            lines.append(f"{dotted}: expected a mapping, got {err.get('input')!r}")
+            continue
         msg = err["msg"]
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
         given = err.get("input")
-        if err["type"] != "missing" and path and not isinstance(given, dict | list):
+        shows_input = err["type"] == "missing" or err["type"] in ERRORS_SHOWING_INPUT
+        if not shows_input and path and not isinstance(given, dict | list):
             msg += f" (got {given!r})"
         lines.append(f"{dotted}: {msg}")
     return lines

@@ -10,13 +10,13 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from fp8rl.protocol.base import StrictModel
+from fp8rl.protocol.base import MessageModel
 from fp8rl.protocol.quant import PrecisionMode, QuantConfig
 
 FinishReason = Literal["stop", "length"]
 
 
-class SamplingParams(StrictModel):
+class SamplingParams(MessageModel):
     """Per-request sampling settings (the rollout spec's defaults, or evaluation's)."""
 
     n: int = Field(default=1, ge=1)
@@ -41,7 +41,7 @@ class SamplingParams(StrictModel):
     """Seed of the sampler; equal seeds and weights give equal samples."""
 
 
-class Prompt(StrictModel):
+class Prompt(MessageModel):
     """One tokenized prompt."""
 
     prompt_id: str
@@ -57,7 +57,7 @@ class Prompt(StrictModel):
     ``sampling.seed`` and the prompt's position in its request."""
 
 
-class RolloutRequest(StrictModel):
+class RolloutRequest(MessageModel):
     """Generate ``sampling.n`` responses for each prompt."""
 
     request_id: str
@@ -70,7 +70,7 @@ class RolloutRequest(StrictModel):
     """Sampling settings."""
 
 
-class RolloutSample(StrictModel):
+class RolloutSample(MessageModel):
     """One generated response with what is needed to train on it."""
 
     prompt_id: str
@@ -106,7 +106,7 @@ class RolloutSample(StrictModel):
         return self
 
 
-class RolloutResult(StrictModel):
+class RolloutResult(MessageModel):
     """All samples of a request plus engine metadata."""
 
     request_id: str
@@ -131,7 +131,7 @@ class RolloutResult(StrictModel):
 WorkerRole = Literal["rollout", "trainer", "reference", "critic", "reward"]
 
 
-class Handshake(StrictModel):
+class Handshake(MessageModel):
     """What a worker reports at start so the driver can enforce the quant contract."""
 
     role: WorkerRole

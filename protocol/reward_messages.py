@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from fp8rl.protocol.base import StrictModel
+from fp8rl.protocol.base import MessageModel
 from fp8rl.protocol.messages import FinishReason
 
 
-class RewardInput(StrictModel):
+class RewardInput(MessageModel):
     """One response to score."""
 
     prompt_id: str
@@ -37,7 +37,7 @@ class RewardInput(StrictModel):
     """The sampling limit the response was generated under."""
 
 
-class RewardOutput(StrictModel):
+class RewardOutput(MessageModel):
     """The score of one response."""
 
     reward: float

@@ -106,7 +106,10 @@ class CheckpointSpec(StrictModel):
     """Save every N steps (0: only at the end when ``save_final``)."""
 
     keep_last: int = Field(default=2, ge=1)
-    """Checkpoints kept; older ones are deleted after a new one is complete."""
+    """Verified checkpoints kept: the newest ``keep_last`` that pass verification, plus the newest
+    verified healthy one, which is never deleted; older ones are deleted after a new one is
+    complete. A checkpoint that fails verification is moved aside to
+    ``step_<N>.unverified-<time>``: never counted, resumed from, overwritten or deleted."""
 
     save_final: bool = True
     """Save after the last step."""

@@ -11,12 +11,12 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from fp8rl.protocol.base import StrictModel
+from fp8rl.protocol.base import MessageModel
 
 TensorRole = Literal["fp8_weight", "weight_scale", "dense", "kv_scale"]
 
 
-class TensorEntry(StrictModel):
+class TensorEntry(MessageModel):
     """One tensor of a weight update."""
 
     name: str
@@ -42,7 +42,7 @@ class TensorEntry(StrictModel):
     """``wsum64`` checksum of the tensor's bytes (``fp8rl.workers.weight_sync.checksum``)."""
 
 
-class WeightUpdate(StrictModel):
+class WeightUpdate(MessageModel):
     """A complete set of policy weights at one version."""
 
     version: int = Field(ge=0)

@@ -13,6 +13,7 @@ Layout (``<run_dir>/checkpoints/``)::
                             sha256 of every other file in the directory
     latest                  "step_<N>": the newest healthy checkpoint (a hint for people; the
                             resume point is chosen by verifying, see below)
+    step_<N>.unverified-<time>/   a checkpoint that failed verification, moved aside (below)
 
 Why this recipe: a checkpoint is written into ``.tmp-step_<N>-<pid>/`` (by the driver, or by
 trainer ranks writing their own shard files), every file fsynced; once all writers are done every
@@ -20,15 +21,39 @@ file in the directory is hashed (``checkpoint_verify``), ``meta.json`` is writte
 directory renamed into place (atomic on POSIX) and only then ``latest`` replaced (write a temp
 file, fsync, ``os.replace``). A ``kill -9`` at any point therefore leaves either the old pointer to
 an old complete checkpoint or the new pointer to a new complete one; half-written ``.tmp-*``
-directories are never pointed at and are removed at the next start.
+directories are never pointed at and are removed at the next start. A save of a step that already
+has a directory (a resumed run reaching a step of the branch it abandoned) swaps it out with two
+renames (``step_<N>`` → ``.old-step_<N>-<pid>``, then the new one into place); a failure between
+them puts the old one back, and a ``kill -9`` between them is undone at the next start, so the
+step holds the old or the new checkpoint, never neither.
 
 Resume (``resume: auto``) walks the checkpoints newest first and verifies each (manifest, sizes,
 sha256 of every file) before any loader touches it: one that fails is skipped with its path and
 reason (logged, so ``fp8rl run`` / ``fp8rl runs logs`` show it), and so is one marked
 ``healthy: false`` (written after the run's last healthy step); the first verified healthy one is
-the resume point. Pruning never deletes that checkpoint, and damaged checkpoints do not count
-towards ``keep_last``. Unreadable or damaged data raises ``CheckpointCorruptError`` (an
-``OSError``: exit code 1, a storage fault), never the "user error" ``ValueError``.
+the resume point. Unreadable or damaged data raises ``CheckpointCorruptError`` (an ``OSError``, a
+storage fault: exit code 1), never the "user error" ``ValueError``; when no checkpoint to resume
+passes verification the driver refuses the resume as a user error (exit code 2: restore the files
+or pick another checkpoint).
+
+The abandoned branch: checkpoints newer than the resume point (those ``auto`` skipped, or those
+past a checkpoint named in ``checkpoint.resume`` in this run's own directory, verified then) are
+handled once the resume is accepted:
+
+- one that fails verification is moved aside to ``step_<N>.unverified-<time>`` with a warning
+  naming it and why: never resumed from, counted by ``keep_last``, pruned, overwritten by this
+  run's save of step N, or deleted (it may be the only copy to debug the fault; deleting it is the
+  person's call);
+- one that verifies (``healthy: false``, or past a named resume point) stays, named in a warning:
+  like verl and TorchTitan, the resumed run replaces it when it saves step N again (atomically,
+  above); until then it counts as a verified checkpoint for ``keep_last`` (never at the expense
+  of the resume point, which pruning always keeps).
+
+Pruning (``keep_last``, after every save) keeps the newest ``keep_last`` checkpoints that pass
+verification plus the newest verified healthy one, and deletes the older ones
+(``prune_checkpoints``). It reuses the verification results this run already has (resume, or the
+hashes taken while writing) instead of re-hashing every checkpoint on every save: each checkpoint
+is hashed at most once per run.
 
 RNG: the trainer's torch RNG (CPU and CUDA) and the driver's torch/Python RNG are saved. Rollout
 engines need none: every request samples from a generator seeded with ``(seed, step, round)``
@@ -60,15 +85,19 @@ from fp8rl.services.checkpoint_manifest import (
     FORMAT_VERSION,
     LATEST,
     META,
+    UNVERIFIED,
     CheckpointError,
     CheckpointMeta,
+    Pruned,
     Skipped,
+    VerifiedCheckpoints,
     check_compatible,
     checkpoint_steps,
     latest_checkpoint,
     prune_checkpoints,
     read_meta,
     select_checkpoint,
+    set_aside_unverified,
     step_of,
     verify_checkpoint,
     warn_skipped,
@@ -131,7 +160,7 @@ def write_checkpoint(
         healthy: False for a checkpoint written after the run's last healthy step: recorded in
             the manifest, and ``latest`` does not move to it.
     An existing ``step_<step>`` (from an earlier attempt) is replaced only once the new one is
-    complete.
+    complete, atomically (``commit_checkpoint``).
 
     Raises:
         CheckpointError: a file a rank reported is not there.
@@ -189,10 +218,17 @@ def commit_checkpoint(
     """Seal ``tmp`` once every writer is done: tokenizer, sha256 of every file, ``meta.json``
     last, rename to ``root/step_<step>``, then move ``latest`` (healthy checkpoints only).
 
+    An existing ``step_<step>`` is replaced whole: moved to ``.old-step_<step>-<pid>``, the new
+    one renamed into place, the old one deleted. If the second rename fails the old one is put
+    back (and the error raised); after a ``kill -9`` between the two, ``remove_interrupted_saves``
+    puts it back at the next start. The caller decides whether the existing one may be replaced
+    (``Checkpointer.save`` moves an unverifiable one aside first).
+
     ``started``: ``time.perf_counter()`` when the save began. Returns the final path.
 
     Raises:
         CheckpointCorruptError: a written file cannot be read back for hashing.
+        OSError: the new checkpoint cannot be renamed into place (the old one is back).
     """
     if tokenizer_dir is not None:
         _copy_tokenizer(tokenizer_dir, tmp / TOKENIZER_DIR)
@@ -219,13 +255,17 @@ def commit_checkpoint(
     if final.exists():  # an earlier attempt of this step: swap it out only now
         old = root / f".old-{final.name}-{os.getpid()}"
         os.replace(final, old)
-        os.replace(tmp, final)
+        try:
+            os.replace(tmp, final)
+        except BaseException:
+            os.replace(old, final)
+            raise
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, final)
     _fsync_dir(root)
     if healthy:
-        _point_latest(root, final)
+        point_latest(root, final)
     return final
 
 
@@ -322,9 +362,20 @@ def write_model_shards(directory: Path, weights: dict[str, torch.Tensor]) -> lis
 
 
 def remove_interrupted_saves(root: Path) -> list[Path]:
-    """Delete ``.tmp-*`` / ``.old-*`` leftovers of killed saves (call with no save running)."""
+    """Delete ``.tmp-*`` / ``.old-*`` leftovers of killed saves (call with no save running);
+    return the deleted paths.
+
+    An ``.old-step_<N>-<pid>`` whose ``step_<N>`` is missing is a re-save killed between its two
+    renames (``commit_checkpoint``): it is the previous checkpoint of step N, renamed back, not
+    deleted. Moved-aside ``step_<N>.unverified-*`` directories are never touched.
+    """
     if not root.is_dir():
         return []
+    for old in sorted(root.glob(".old-step_*")):
+        final = root / old.name.removeprefix(".old-").rpartition("-")[0]
+        if old.is_dir() and step_of(final) is not None and not final.exists():
+            os.replace(old, final)
+            log.warning("put back %s: a re-save of it was interrupted (%s)", final, old.name)
     leftovers = [p for p in root.iterdir() if p.name.startswith((".tmp-", ".old-"))]
     for path in leftovers:
         if path.is_dir():
@@ -349,203 +400,7 @@ def set_driver_rng_state(state: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# the driver's view: resolve → restore → save every N steps / at the end
-
-
-class Checkpointer:
-    """The driver's checkpoint hooks for one run directory.
-
-    ``trainers`` arguments are the trainer ranks: TrainerBackend actor handles (``save`` /
-    ``load`` / ``current_version``) or, in tests, plain objects with those methods.
-
-    ``skipped``: the checkpoints ``resolve`` passed over, with their reasons. ``anchor``: the
-    newest verified, healthy checkpoint of this run directory (the resume point), which pruning
-    never deletes.
-    """
-
-    def __init__(self, run_dir: Path, job: JobSpec) -> None:
-        self.root, self.job, self.spec = run_dir / CHECKPOINTS, job, job.checkpoint
-        self.last_saved: int | None = None
-        self.skipped: list[Skipped] = []
-        self.anchor: Path | None = None
-        self._anchor_known = False
-        self._verified: set[Path] = set()
-        self._model: tuple[dict[str, Any], Path | None] | None = None
-        removed = remove_interrupted_saves(self.root)
-        if removed:
-            log.warning("removed %d interrupted checkpoint save(s) in %s", len(removed), self.root)
-
-    def resolve(self) -> Path | None:
-        """The checkpoint to resume from per ``checkpoint.resume``, verified and checked against
-        the spec. With ``auto``, checkpoints that fail verification or are unhealthy are skipped
-        (logged with path and reason) in favour of the newest verified healthy one.
-
-        Raises:
-            CheckpointError: ``resume`` is a path without a usable checkpoint, or the checkpoint
-                is under another quant contract.
-            CheckpointCorruptError: ``resume`` names a checkpoint that fails verification.
-        """
-        resume = self.spec.resume
-        if resume == "never":
-            return None
-        if resume == "auto":
-            t0 = time.perf_counter()
-            path, self.skipped = select_checkpoint(self.root)
-            warn_skipped(self.skipped)
-            if path is None and any(skip.corrupt for skip in self.skipped):
-                # Starting over would move this run (and its damaged checkpoints) aside and may
-                # prune older runs: refuse and touch nothing; the person decides.
-                raise CheckpointCorruptError(
-                    f"checkpoint.resume=auto: no checkpoint under {self.root} passes "
-                    f"verification ({'; '.join(f'{s.path.name}: {s.reason}' for s in self.skipped)})"
-                    "; nothing was changed. Restore the files, name a checkpoint in "
-                    "checkpoint.resume, or set checkpoint.resume=never to start over"
-                )
-            self.anchor, self._anchor_known = path, True
-            if path is not None:
-                log.info("verified %s in %.1f s", path, time.perf_counter() - t0)
-        else:
-            path = find_checkpoint(Path(resume))
-        if path is None:
-            if self.skipped:
-                log.warning("no verified healthy checkpoint in %s: starting over", self.root)
-            return None
-        self._verified.add(path)
-        meta = read_meta(path)
-        check_compatible(meta, self.job, path=path)
-        if not meta.healthy:  # only reachable by naming it in checkpoint.resume
-            log.warning("resuming from %s, which is marked healthy: false", path)
-        if meta.model_path != self.job.model.path:
-            log.warning(
-                "checkpoint %s was trained from model.path=%s; this spec says %s (the reference "
-                "policy comes from this spec's model)",
-                path,
-                meta.model_path,
-                self.job.model.path,
-            )
-        return path
-
-    def restore(self, path: Path, trainers: list[Any], sampler: Any) -> int:
-        """Every trainer rank loads its state (any rank count: DCP reshards), the data cursor goes
-        into ``sampler`` and the driver's RNG is restored; return the step to continue from.
-
-        Raises:
-            CheckpointCorruptError: the checkpoint fails verification (skipped when ``resolve``
-                verified it moments ago) or a file cannot be decoded.
-        """
-        t0 = time.perf_counter()
-        meta, driver_rng = read_checkpoint(path, checksums=path not in self._verified)
-        _call_all(trainers, "load", path)
-        sampler.load_state_dict(meta.data_cursor)
-        set_driver_rng_state(driver_rng)
-        self.last_saved = meta.step
-        log.info(
-            "resumed from %s: step %d, policy version %d (%.1f s)",
-            path,
-            meta.step,
-            meta.policy_version,
-            time.perf_counter() - t0,
-        )
-        return meta.step
-
-    def maybe_save(
-        self, step: int, trainers: list[Any], sampler: Any, *, healthy: bool = True
-    ) -> Path | None:
-        """Save when ``step`` (steps completed) is a multiple of ``checkpoint.every_n_steps``."""
-        every = self.spec.every_n_steps
-        if every and step % every == 0:
-            return self.save(step, trainers, sampler, healthy=healthy)
-        return None
-
-    def finish(
-        self, step: int, trainers: list[Any], sampler: Any, *, stopped: bool, healthy: bool = True
-    ) -> Path | None:
-        """The end-of-run save (``save_final``, or a requested stop); skipped if already saved."""
-        if step == self.last_saved or step == 0 or not (self.spec.save_final or stopped):
-            return None
-        return self.save(step, trainers, sampler, healthy=healthy)
-
-    def save(self, step: int, trainers: list[Any], sampler: Any, *, healthy: bool = True) -> Path:
-        """Write ``step_<step>`` from the trainer's current state, then prune.
-
-        ``healthy``: False when ``step`` is after the run's last healthy step (the driver's
-        health guard decides): recorded in the manifest; such a checkpoint never becomes the
-        resume point, ``latest`` and the anchor stay on the last healthy one.
-        """
-        t0 = time.perf_counter()
-        config, tokenizer = self._model_info()
-        path = write_checkpoint(
-            self.root,
-            step=step,
-            job=self.job,
-            write_trainer=lambda tmp: sorted(
-                {
-                    f
-                    for files in _call_all(
-                        trainers,
-                        "save",
-                        tmp,
-                        self.spec.save_optimizer,
-                        self.spec.weights_dtype,
-                    )
-                    for f in files
-                }
-            ),
-            policy_version=_call_all(trainers[:1], "current_version")[0],
-            data_cursor=sampler.state_dict(),
-            model_config=config,
-            tokenizer_dir=tokenizer,
-            driver_rng=driver_rng_state(),
-            healthy=healthy,
-        )
-        self.last_saved = step
-        if healthy:  # hashed from the bytes on disk just now: verified
-            self.anchor, self._anchor_known = path, True
-        elif self.anchor == path:  # an unhealthy rewrite of the anchor's step replaced it
-            self.anchor, self._anchor_known = None, False
-        anchor = self._anchor()
-        deleted = prune_checkpoints(self.root, keep_last=self.spec.keep_last, anchor=anchor)
-        if anchor is not None and _pointer(self.root) != anchor.name:  # it named a damaged one
-            _point_latest(self.root, anchor)
-        size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-        log.info(
-            "checkpoint %s saved%s (%.1f MB in %.1f s; pruned %s)",
-            path,
-            "" if healthy else " as unhealthy",
-            size / 2**20,
-            time.perf_counter() - t0,
-            ", ".join(p.name for p in deleted) or "none",
-        )
-        return path
-
-    def _anchor(self) -> Path | None:
-        """The newest verified healthy checkpoint (found by verifying once when unknown)."""
-        if not self._anchor_known:
-            self.anchor, _ = select_checkpoint(self.root)
-            self._anchor_known = True
-        return self.anchor
-
-    def _model_info(self) -> tuple[dict[str, Any], Path | None]:
-        if self._model is None:
-            from fp8rl.workers.model.loading import resolve_model
-
-            source = resolve_model(self.job.model.path, load_weights=False)
-            self._model = (source.config.to_dict(), source.tokenizer_dir)
-        return self._model
-
-
-# --------------------------------------------------------------------------------------------
 # helpers
-
-
-def _call_all(targets: list[Any], method: str, *args: Any) -> list[Any]:
-    """``method(*args)`` on every target at once (Ray actors) or in turn (plain objects)."""
-    fns = [getattr(t, method) for t in targets]
-    if fns and hasattr(fns[0], "remote"):
-        import ray
-
-        return ray.get([fn.remote(*args) for fn in fns])
-    return [fn(*args) for fn in fns]
 
 
 def _load(path: Path, loader: Callable[[Path], Any]) -> Any:
@@ -562,14 +417,16 @@ def _load(path: Path, loader: Callable[[Path], Any]) -> Any:
         ) from error
 
 
-def _pointer(root: Path) -> str | None:
+def latest_pointer(root: Path) -> str | None:
+    """The checkpoint name in ``root/latest`` (``"step_<N>"``), or None when unreadable."""
     try:
         return (root / LATEST).read_text().strip()
     except OSError:
         return None
 
 
-def _point_latest(root: Path, path: Path) -> None:
+def point_latest(root: Path, path: Path) -> None:
+    """Point ``root/latest`` at checkpoint ``path`` (temp file, fsync, ``os.replace``)."""
     _write_text_synced(root / f".{LATEST}.tmp", path.name + "\n", replace=root / LATEST)
     _fsync_dir(root)
 
@@ -632,23 +489,31 @@ __all__ = [
     "TEST_DELAY_ENV",
     "TOKENIZER_DIR",
     "TRAINER_DIR",
+    "UNVERIFIED",
     "CheckpointCorruptError",
     "CheckpointError",
     "CheckpointMeta",
-    "Checkpointer",
+    "Pruned",
     "Skipped",
+    "VerifiedCheckpoints",
     "begin_checkpoint",
     "check_compatible",
     "checkpoint_step",
     "checkpoint_steps",
     "commit_checkpoint",
+    "driver_rng_state",
     "find_checkpoint",
     "latest_checkpoint",
+    "latest_pointer",
+    "point_latest",
     "prune_checkpoints",
     "read_checkpoint",
     "read_meta",
     "read_model_weights",
+    "remove_interrupted_saves",
     "select_checkpoint",
+    "set_aside_unverified",
+    "set_driver_rng_state",
     "verify_checkpoint",
     "warn_skipped",
     "write_checkpoint",

@@ -2,17 +2,32 @@
 
 A checkpoint directory is usable when its manifest parses, names the directory's step, and every
 file it records has the recorded size and sha256 (``checkpoint_verify``). The resume point is the
-newest usable checkpoint marked healthy; pruning keeps it whatever ``keep_last`` says; a resume
-is refused under another quant contract (``check_compatible``). Layout and the write recipe:
-``fp8rl.services.checkpoint``.
+newest usable checkpoint marked healthy; a resume is refused under another quant contract
+(``check_compatible``). Layout and the write recipe: ``fp8rl.services.checkpoint``.
+
+Pruning (``keep_last``) counts and keeps only checkpoints that pass verification, and never
+deletes the newest verified healthy one. A checkpoint that fails verification is never resumed
+from, counted, pruned or overwritten; it is not deleted either (it may be the only copy to debug
+a storage fault): it is moved aside to ``step_<N>.unverified-<time>`` (``set_aside_unverified``)
+with a warning naming it and why, out of the ``step_<N>`` namespace that resume, pruning, saves,
+exports and reports look at. Deleting it is the person's call.
+
+Cost: verifying means hashing every byte, so callers that prune after every save pass the
+results they already have (``VerifiedCheckpoints``: checkpoints verified at resume or hashed when
+written); a known result is reused while the checkpoint's ``meta.json`` is the same file, with
+only the quick size check repeated.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import os
 import shutil
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +44,8 @@ FORMAT_VERSION = 2
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 META = "meta.json"
+UNVERIFIED = ".unverified-"
+"""Infix of a checkpoint moved aside for failing verification: ``step_<N>.unverified-<time>``."""
 
 
 class CheckpointError(ValueError):
@@ -160,20 +177,27 @@ def checkpoint_steps(root: Path) -> list[int]:
     return sorted(s for p in root.iterdir() if p.is_dir() and (s := step_of(p)) is not None)
 
 
-def select_checkpoint(root: Path, *, checksums: bool = True) -> tuple[Path | None, list[Skipped]]:
+def select_checkpoint(
+    root: Path,
+    *,
+    checksums: bool = True,
+    verify: Callable[[Path], CheckpointMeta] | None = None,
+) -> tuple[Path | None, list[Skipped]]:
     """The resume point under ``root``: the newest checkpoint that verifies and is healthy.
 
     Newer ones passed over are returned as ``Skipped`` (path + reason), newest first. The
-    ``latest`` pointer is not trusted for this: every candidate is verified.
+    ``latest`` pointer is not trusted for this: every candidate is verified, with ``verify``
+    (e.g. ``VerifiedCheckpoints.verify``) or else ``verify_checkpoint(checksums=checksums)``.
     Returns ``(None, skipped)`` when no checkpoint qualifies.
     """
+    verify = verify or functools.partial(verify_checkpoint, checksums=checksums)
     skipped: list[Skipped] = []
     for step in reversed(checkpoint_steps(root)):
         path = root / f"step_{step}"
         try:
-            meta = verify_checkpoint(path, checksums=checksums)
+            meta = verify(path)
         except CheckpointCorruptError as error:
-            skipped.append(Skipped(path, str(error).removeprefix(f"{path}: "), corrupt=True))
+            skipped.append(Skipped(path, _reason(path, error), corrupt=True))
             continue
         if not meta.healthy:
             reason = "healthy: false (written after the run's last healthy step)"
@@ -194,35 +218,150 @@ def warn_skipped(skipped: list[Skipped]) -> None:
         log.warning("skipping checkpoint %s: %s", s.path, s.reason)
 
 
-def prune_checkpoints(root: Path, *, keep_last: int, anchor: Path | None) -> list[Path]:
-    """Delete complete checkpoints beyond the newest ``keep_last``, never ``anchor``.
+class VerifiedCheckpoints:
+    """The checkpoints this process has verified (sha256 of every file), so that the pruning after
+    every save does not hash them again.
+
+    A result stays valid while the checkpoint's ``meta.json`` is the same file (device, inode,
+    size, mtime): a re-save of the step, or files copied over it, make it unknown again. A reused
+    result still gets the quick check (manifest + sizes: a few ``stat`` calls), so a checkpoint
+    truncated or deleted since is caught.
+    """
+
+    def __init__(self) -> None:
+        self._known: dict[Path, tuple[int, ...]] = {}
+
+    def __contains__(self, path: object) -> bool:
+        """True when ``path`` was verified (or written) by this process and is unchanged since."""
+        if not isinstance(path, Path) or path not in self._known:
+            return False
+        return self._known[path] == _identity(path)
+
+    def remember(self, path: Path) -> None:
+        """Record ``path`` as verified: it was hashed just now (a save, ``find_checkpoint``)."""
+        identity = _identity(path)
+        if identity is not None:
+            self._known[path] = identity
+
+    def verify(self, path: Path) -> CheckpointMeta:
+        """``verify_checkpoint(path)``, hashing only when there is no valid earlier result.
+
+        Raises:
+            CheckpointCorruptError: as ``verify_checkpoint``; the path is forgotten.
+        """
+        known = path in self
+        try:
+            meta = verify_checkpoint(path, checksums=not known)
+        except CheckpointCorruptError:
+            self._known.pop(path, None)
+            raise
+        if not known:
+            self.remember(path)
+        return meta
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """What ``prune_checkpoints`` did to the ``step_<N>`` directories of one root."""
+
+    kept: list[Path] = field(default_factory=list)
+    """Verified checkpoints kept, newest first."""
+
+    deleted: list[Path] = field(default_factory=list)
+    """Checkpoints deleted, oldest first."""
+
+    set_aside: list[Path] = field(default_factory=list)
+    """Checkpoints that failed verification, at their new ``step_<N>.unverified-<time>`` paths."""
+
+    anchor: Path | None = None
+    """The newest verified healthy checkpoint (the resume point; ``latest`` should name it)."""
+
+
+def prune_checkpoints(
+    root: Path,
+    *,
+    keep_last: int,
+    anchor: Path | None = None,
+    verify: Callable[[Path], CheckpointMeta] = verify_checkpoint,
+) -> Pruned:
+    """Keep the newest ``keep_last`` checkpoints that pass verification, plus the newest verified
+    healthy one and ``anchor``; delete the older ones.
+
+    Walks ``step_<N>`` newest first, verifying each (``verify``: pass
+    ``VerifiedCheckpoints.verify`` to reuse earlier results instead of hashing every checkpoint
+    on every save):
+
+    - one that fails verification is moved aside (``set_aside_unverified``, logged with the
+      reason): not counted, not deleted, and a later save of its step cannot overwrite it;
+    - one that verifies counts towards ``keep_last`` whether healthy or not (an unhealthy one is
+      kept for inspection while it is among the newest);
+    - once ``keep_last`` are counted and a verified healthy one has been seen, older checkpoints
+      are deleted without being hashed (keep_last asks for that whatever their state), except
+      ``anchor``.
+
+    So a damaged newer checkpoint never pushes the newest verified one out, and the resume point
+    always survives.
 
     Args:
-        keep_last: complete checkpoints kept (healthy or not); ones failing the quick check
-            (manifest + sizes) do not count, so a damaged newer one never pushes a good one out.
-        anchor: the newest verified, healthy checkpoint (the resume point): never deleted.
-            Damaged checkpoints older than it can never be resumed from and are deleted; damaged
-            newer ones stay for inspection (the run overwrites them when it gets there again).
-    Returns the deleted paths.
+        keep_last: verified checkpoints kept (``checkpoint.keep_last``, >= 1).
+        anchor: a checkpoint known to be verified and healthy (the run's resume point or its
+            newest healthy save): never deleted, even past ``keep_last`` (it is verified like
+            the others: if it fails now, it is moved aside). A path outside ``root`` is ignored.
+        verify: returns the manifest of a verified checkpoint or raises
+            ``CheckpointCorruptError``.
+    Returns what was kept, deleted and moved aside, and the newest verified healthy checkpoint.
     """
-    anchor_step = step_of(anchor) if anchor is not None and anchor.parent == root else None
-    complete, damaged = [], []
-    for step in checkpoint_steps(root):
-        try:
-            verify_checkpoint(root / f"step_{step}", checksums=False)
-            complete.append(step)
-        except CheckpointCorruptError:
-            damaged.append(step)
-    keep = set(complete[-keep_last:]) | {anchor_step}
-    doomed = [s for s in complete if s not in keep]
-    if anchor_step is not None:
-        doomed += [s for s in damaged if s < anchor_step]
-    deleted = []
-    for step in sorted(doomed):
+    assert keep_last >= 1, keep_last
+    anchor = anchor if anchor is not None and anchor.parent == root else None
+    kept: list[Path] = []
+    deleted: list[Path] = []
+    aside: list[Path] = []
+    counted, healthy = 0, None
+    for step in reversed(checkpoint_steps(root)):
         path = root / f"step_{step}"
+        if counted >= keep_last and healthy is not None and path != anchor:
+            deleted.append(path)
+            continue
+        try:
+            meta = verify(path)
+        except CheckpointCorruptError as error:
+            aside.append(set_aside_unverified(path, reason=_reason(path, error)))
+            continue
+        newest_healthy = meta.healthy and healthy is None
+        if counted < keep_last:
+            counted += 1
+        elif not (newest_healthy or path == anchor):  # unhealthy, past keep_last
+            deleted.append(path)
+            continue
+        kept.append(path)
+        if newest_healthy:
+            healthy = path
+    for path in reversed(deleted):
         shutil.rmtree(path, ignore_errors=True)
-        deleted.append(path)
-    return deleted
+    return Pruned(kept=kept, deleted=deleted[::-1], set_aside=aside, anchor=healthy)
+
+
+def set_aside_unverified(path: Path, *, reason: str) -> Path:
+    """Rename the checkpoint ``path`` (``step_<N>``) that failed verification to
+    ``step_<N>.unverified-<local time>`` in the same directory (an atomic rename) and log a
+    warning naming both paths and ``reason``. Returns the new path.
+
+    The new name is outside the ``step_<N>`` namespace: never resumed from, counted by
+    ``keep_last``, pruned, overwritten by a save of step N or deleted by fp8rl.
+    """
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = path.with_name(f"{path.name}{UNVERIFIED}{stamp}")
+    if target.exists():  # two in one second
+        target = target.with_name(f"{target.name}-{time.time_ns() % 10**9}")
+    os.rename(path, target)
+    log.warning(
+        "moved checkpoint %s aside to %s: %s. It fails verification, so it is never resumed "
+        "from, counted by keep_last, pruned or overwritten; inspect it, then delete it",
+        path,
+        target.name,
+        reason,
+    )
+    return target
 
 
 def check_compatible(meta: CheckpointMeta, job: JobSpec, *, path: Path) -> None:
@@ -258,6 +397,19 @@ def check_compatible(meta: CheckpointMeta, job: JobSpec, *, path: Path) -> None:
     )
 
 
+def _reason(path: Path, error: CheckpointCorruptError) -> str:
+    return str(error).removeprefix(f"{path}: ")
+
+
+def _identity(path: Path) -> tuple[int, ...] | None:
+    """Which ``meta.json`` file ``path`` holds now (None: none)."""
+    try:
+        st = (path / META).stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def step_of(path: Path) -> int | None:
     """N for a ``step_<N>`` directory name, else None."""
     digits = path.name.removeprefix("step_")
@@ -269,15 +421,19 @@ __all__ = [
     "FORMAT_VERSION",
     "LATEST",
     "META",
+    "UNVERIFIED",
     "CheckpointError",
     "CheckpointMeta",
+    "Pruned",
     "Skipped",
+    "VerifiedCheckpoints",
     "check_compatible",
     "checkpoint_steps",
     "latest_checkpoint",
     "prune_checkpoints",
     "read_meta",
     "select_checkpoint",
+    "set_aside_unverified",
     "step_of",
     "verify_checkpoint",
     "warn_skipped",

@@ -6,6 +6,8 @@ user can fix (a bad spec, a missing file) print one readable message and exit wi
 
 from __future__ import annotations
 
+import inspect
+
 import typer
 
 from fp8rl.services.commands import export, mismatch, report, run, runs, serve, submit, validate
@@ -32,6 +34,23 @@ serve.register(app)
 runs.register(app)
 export.register(app)
 report.register(app)
+
+
+def _unwrap_help(typer_app: typer.Typer) -> None:
+    """Join the hard line breaks inside each paragraph of every command's help (docstrings are
+    wrapped at 100 columns; typer's rich help keeps single newlines, so ``--help`` and the
+    command list would break lines mid-sentence). Paragraphs starting with ``\\b`` stay as
+    written, as in click."""
+    for info in typer_app.registered_commands:
+        text = inspect.cleandoc(info.help or inspect.getdoc(info.callback) or "")
+        info.help = "\n\n".join(
+            part if part.startswith("\b") else " ".join(part.split()) for part in text.split("\n\n")
+        )
+    for group in typer_app.registered_groups:
+        _unwrap_help(group.typer_instance)
+
+
+_unwrap_help(app)
 
 
 def main() -> None:

@@ -19,8 +19,9 @@ from typing import Any
 import torch
 
 from fp8rl.protocol import JobSpec, RunState, SpecError, load_job_spec
-from fp8rl.services.checkpoint import Checkpointer, checkpoint_step, latest_checkpoint
+from fp8rl.services.checkpoint import CheckpointCorruptError, checkpoint_step, latest_checkpoint
 from fp8rl.services.checkpoint_manifest import CHECKPOINTS
+from fp8rl.services.checkpointer import Checkpointer
 from fp8rl.services.data import PromptSampler, build_dataset
 from fp8rl.services.eval_phase import Evaluator
 from fp8rl.services.health import HealthGuard
@@ -50,6 +51,15 @@ from fp8rl.workers.algorithms import mismatch_by_position, mismatch_metrics
 from fp8rl.workers.model.loading import load_tokenizer, resolve_model
 
 log = logging.getLogger("fp8rl.driver")
+
+USER_ERRORS = (ValueError, FileNotFoundError)
+"""Errors a person fixes (exit 2, the message without a traceback): a bad spec or option, a
+missing file, a resume refused because no checkpoint passes verification (``ResumeRefused``)."""
+
+
+class ResumeRefused(ValueError):
+    """No checkpoint to resume from passes verification; the message names the files and the way
+    out. (A ``CheckpointCorruptError`` while saving stays a storage fault: exit 1, traceback.)"""
 
 
 @dataclass
@@ -81,9 +91,8 @@ def run(job: JobSpec, *, reporter: Any = None) -> RunResult:
     ``KeyboardInterrupt`` at once. Returns how the run ended (last metrics, checkpoint).
     """
     result = RunResult(run_dir_of(job).resolve(), job.steps)
-    session = open_session(job, reporter)
+    session = open_session(job, reporter, result)
     if session is None:  # already complete: the closing lines still offer export and resume
-        result.steps_done = job.steps
         result.checkpoint = latest_checkpoint(run_dir_of(job) / CHECKPOINTS)
         return result
     try:
@@ -95,7 +104,7 @@ def run(job: JobSpec, *, reporter: Any = None) -> RunResult:
     finally:
         session.evaluator.close()  # in-driver reward pools' verifier children
         session.tracker.close()
-    result.checkpoint = latest_checkpoint(session.checkpoints.root)
+    result.checkpoint = session.checkpoints.latest()  # reuses this run's verification results
     return result
 
 
@@ -159,6 +168,7 @@ def train_loop(s: Session, workers: Workers, result: RunResult) -> None:
             stopped = True
             break
     result.stopped = stopped
+    result.stop_signal = s.signals.signum if stopped and s.signals else None
     healthy = health.last_healthy_step == done  # a later checkpoint never replaces the healthy one
     s.checkpoints.finish(done, workers.stateful, s.sampler, stopped=stopped, healthy=healthy)
 
@@ -171,10 +181,11 @@ def sync(workers: Workers, *, reference: bool = False) -> int:
     )
 
 
-def open_session(job: JobSpec, reporter: Any) -> Session | None:
+def open_session(job: JobSpec, reporter: Any, result: RunResult) -> Session | None:
     """Check the spec, resolve resume, prepare the run directory, data and tracking (no Ray yet).
 
-    Returns None when a resumed run has nothing left to do.
+    Sets ``result.steps_done`` to the steps the resumed checkpoint completed. Returns None when
+    a resumed run has nothing left to do (``result.nothing_to_do``).
     """
     convert_gguf_in_child(job.model.path)  # a first run's conversion: not in the driver's memory
     preflight(job, local=True)  # unimplemented options, missing files: fail before anything starts
@@ -182,8 +193,11 @@ def open_session(job: JobSpec, reporter: Any) -> Session | None:
         log.warning("%s", warning)
     lock_run_dir(job)  # a live run of the same name would crash if its directory moved
     checkpoints = Checkpointer(run_dir_of(job), job)
-    resume = checkpoints.resolve()  # refuses a checkpoint of another quant contract up front
-    start = checkpoint_step(resume)  # steps already done (0: a fresh start)
+    try:
+        resume = checkpoints.resolve()  # refuses a checkpoint of another quant contract up front
+    except CheckpointCorruptError as exc:
+        raise ResumeRefused(str(exc)) from exc
+    start = result.steps_done = checkpoint_step(resume)  # steps already done (0: a fresh start)
     if start >= job.steps:
         log.warning(
             "%s already completed %d of %d steps: nothing to run (set checkpoint.resume=never "
@@ -192,6 +206,7 @@ def open_session(job: JobSpec, reporter: Any) -> Session | None:
             start,
             job.steps,
         )
+        result.nothing_to_do = True
         return None
     run_dir = prepare_run_dir(job, fresh=resume is None)
     log.info("run directory: %s", run_dir.resolve())
@@ -280,8 +295,10 @@ class PhaseTimer:
 def main(argv: list[str] | None = None) -> int:
     """``python -m fp8rl.services.driver SPEC [k=v ...]``.
 
-    Exit codes: 0 done, 2 a user error (bad spec, missing file, unsupported option), 1 any other
-    failure (traceback in the log), 130 Ctrl-C."""
+    Exit codes: 0 done (or nothing left to do), 2 a user error (bad spec, missing file,
+    unsupported option, no checkpoint to resume that passes verification), 1 any other failure
+    (traceback in the log), 130 stopped by Ctrl-C (143 by SIGTERM): at once, or after a step
+    with a checkpoint (``RunResult.exit_code``; a stop through the API exits 0)."""
     from fp8rl.services.store.reporter import reporter_from_env
 
     args = sys.argv[1:] if argv is None else argv
@@ -315,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as exc:  # the run failed: say why, once
         cause = getattr(exc, "cause", None) or exc  # a worker's error arrives wrapped by Ray
-        user_error = isinstance(cause, ValueError | FileNotFoundError)
+        user_error = isinstance(cause, USER_ERRORS)
         oom = oom_message(exc)  # Ray's 20-line memory-monitor report, in one line
         if not user_error and oom is None:  # a bug: keep the traceback in the log
             log.exception("run failed")
@@ -327,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     if reporter:
         reporter.finished(RunState.STOPPED if result.stopped else RunState.SUCCEEDED)
     print("\n".join(closing_lines(result, spec=args[0], overrides=args[1:])), file=sys.stderr)
-    return 0
+    return result.exit_code
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Checks a job spec must pass before anything starts: what the schema allows but this release
 does not run, a placement that does not fit the declared cluster (``services.placement``), and (on
-the machine that runs the job) files, extras, reward functions, templates.
+the machine that runs the job) files and the first records of dataset files, extras, reward
+functions, templates.
 
 ``fp8rl validate``, ``fp8rl run``/the driver and the REST API call ``preflight``, so a spec that
 cannot run fails in a second with lines naming the field, not minutes later inside a Ray worker.
@@ -19,6 +20,7 @@ from pathlib import Path
 from fp8rl.protocol import JobSpec, SpecError
 from fp8rl.protocol.data_spec import FileDataset
 from fp8rl.protocol.reward_spec import BUILTIN_REWARDS
+from fp8rl.services.data.files import DatasetError, probe_file_dataset
 from fp8rl.services.placement import placement_problems
 
 
@@ -182,20 +184,7 @@ def local_problems(job: JobSpec) -> list[str]:
         out.append(
             f"model.path: {job.model.path} does not exist (a Hugging Face directory or a .gguf file)"
         )
-    sets = [
-        ("data.train", job.data.train),
-        *((f"eval.datasets.{i}", d) for i, d in enumerate(job.eval.datasets)),
-    ]
-    for where, spec in sets:
-        if (
-            isinstance(spec, FileDataset)
-            and not spec.hub
-            and not Path(spec.path).expanduser().exists()
-        ):
-            out.append(
-                f"{where}.path: {spec.path} does not exist (relative paths are from the "
-                f"current directory {Path.cwd()})"
-            )
+    out += dataset_problems(job)
     if job.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
         out.append(
             "rollout.backend: vllm is not installed here; install the extra "
@@ -221,6 +210,31 @@ def local_problems(job: JobSpec) -> list[str]:
             resolve_reward_fn(fn.name)
         except ValueError as exc:
             out.append(f"reward.functions.{i}.name: {exc}")
+    return out
+
+
+def dataset_problems(job: JobSpec) -> list[str]:
+    """Dataset files of ``data.train`` and ``eval.datasets`` on this machine: each exists and its
+    first records (``probe_file_dataset``: a few rows, never the whole file) are JSON objects
+    with the spec's ``prompt_key`` and ``answer_key``. Hub datasets are not fetched here."""
+    sets = [
+        ("data.train", job.data.train),
+        *((f"eval.datasets.{i}", d) for i, d in enumerate(job.eval.datasets)),
+    ]
+    out = []
+    for where, spec in sets:
+        if not isinstance(spec, FileDataset) or spec.hub:
+            continue
+        if not Path(spec.path).expanduser().exists():
+            out.append(
+                f"{where}.path: {spec.path} does not exist (relative paths are from the "
+                f"current directory {Path.cwd()})"
+            )
+            continue
+        try:
+            probe_file_dataset(spec)
+        except DatasetError as exc:
+            out.append(f"{where}.{exc.field}: {exc}")
     return out
 
 

@@ -52,7 +52,12 @@ FINAL_KEYS = (
 
 
 class RunData:
-    """Everything the report reads from a run directory (missing files read as empty)."""
+    """Everything the report reads from a run directory (missing files read as empty).
+
+    Raises:
+        FileNotFoundError: ``run_dir`` is missing, has no ``metrics.jsonl``, or no step ran
+            (``metrics.jsonl`` holds no row).
+    """
 
     def __init__(self, run_dir: Path) -> None:
         if not run_dir.is_dir():
@@ -65,6 +70,11 @@ class RunData:
         by_step: dict[int, dict[str, Any]] = {}
         for row in read_jsonl(run_dir / "metrics.jsonl"):  # validation rows share the step
             by_step.setdefault(row["step"], {}).update(row)
+        if not by_step:
+            raise FileNotFoundError(
+                f"{run_dir}/metrics.jsonl has no step: no step ran (yet: the run is starting, "
+                "or it failed or was stopped before step 1), so there is nothing to report"
+            )
         self.metrics = [by_step[s] for s in sorted(by_step)]
         self.curves: dict[int, list[float]] = {
             row["step"]: row["values"]
@@ -465,7 +475,7 @@ def write_report(run_dir: Path, *, out: Path | None = None) -> Path:
     """Render every plot and the Markdown/HTML summary; return the report directory.
 
     Default ``out``: ``<run_dir>/report``. Raises ``FileNotFoundError`` when ``run_dir`` has no
-    ``metrics.jsonl``.
+    ``metrics.jsonl`` or no step ran (nothing is written then).
     """
     data = RunData(Path(run_dir))
     out = Path(out) if out else data.run_dir / "report"

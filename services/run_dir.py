@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from fp8rl.protocol import JobSpec
+from fp8rl.services.checkpoint_manifest import CHECKPOINTS, checkpoint_steps
 
 log = logging.getLogger(__name__)
 
@@ -62,34 +63,68 @@ def prepare_run_dir(job: JobSpec, *, fresh: bool) -> Path:
 
     ``fresh`` (not resuming): a directory left by an earlier attempt is moved aside to
     ``<name>.previous-<time>`` first, so a new run never appends to an old run's metrics; only
-    the newest ``job.keep_previous_runs`` of those are kept.
+    the newest ``job.keep_previous_runs`` of those are kept. A failed start (``failed_start``:
+    no step completed, no checkpoint) is removed instead of moved aside, so failed attempts never
+    push a run that did something out of ``keep_previous_runs``.
     """
     path = run_dir_of(job)
     if fresh and path.exists() and any(path.iterdir()):
-        aside = path.with_name(f"{path.name}.previous-{time.strftime('%Y%m%d-%H%M%S')}")
-        if aside.exists():  # two fresh starts within one second
-            aside = aside.with_name(f"{aside.name}-{time.time_ns() % 10**9}")
-        path.rename(aside)
-        log.warning("%s held an earlier run: moved it to %s", path, aside)
-        prune_previous_runs(path, keep=job.keep_previous_runs)
+        if failed_start(path):
+            shutil.rmtree(path)
+            log.warning(
+                "%s held a failed start (no step completed, no checkpoint): removed it "
+                "instead of moving it aside",
+                path,
+            )
+        else:
+            aside = _move_aside(path)
+            log.warning("%s held an earlier run: moved it to %s", path, aside)
+            prune_previous_runs(path, keep=job.keep_previous_runs)
     path.mkdir(parents=True, exist_ok=True)
     (path / "job.yaml").write_text(yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False))
     (path / "quant_fingerprint").write_text(job.precision.quant.fingerprint() + "\n")
     return path
 
 
-def prune_previous_runs(path: Path, *, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` directories ``<path>.previous-*``; return the deleted.
+def _move_aside(path: Path) -> Path:
+    """Rename ``path`` to ``<name>.previous-<time>``; return the new path."""
+    aside = path.with_name(f"{path.name}.previous-{time.strftime('%Y%m%d-%H%M%S')}")
+    if aside.exists():  # two fresh starts within one second
+        aside = aside.with_name(f"{aside.name}-{time.time_ns() % 10**9}")
+    path.rename(aside)
+    return aside
 
-    Newest by the time in the name (``previous-YYYYmmdd-HHMMSS`` sorts by time). Logs each
-    deletion with its size.
+
+def failed_start(path: Path) -> bool:
+    """Whether run directory ``path`` holds nothing of value: fp8rl wrote it (it has
+    ``job.yaml``) but no step completed (no row in ``metrics.jsonl``) and no checkpoint was
+    saved (no ``checkpoints/step_<N>``). A directory without ``job.yaml`` is not a failed start:
+    it may hold someone's files."""
+    if not (path / "job.yaml").is_file() or checkpoint_steps(path / CHECKPOINTS):
+        return False
+    metrics = path / "metrics.jsonl"
+    if not metrics.is_file():
+        return True
+    with metrics.open("rb") as rows:
+        return not any(row.strip() for row in rows)
+
+
+def prune_previous_runs(path: Path, *, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` directories ``<path>.previous-*`` that did something,
+    and every failed start among them (``failed_start``); return the deleted.
+
+    ``keep`` counts only runs that completed a step or saved a checkpoint, so failed attempts
+    never delete a good run. Newest by the time in the name (``previous-YYYYmmdd-HHMMSS`` sorts
+    by time). Logs each deletion with its size.
     """
     previous = sorted(
         (p for p in path.parent.glob(f"{path.name}.previous-*") if p.is_dir()), reverse=True
     )
-    removed = previous[keep:]
+    failed = [p for p in previous if failed_start(p)]
+    removed = failed + [p for p in previous if p not in failed][keep:]
     for old in removed:
         size = sum(f.stat().st_size for f in old.rglob("*") if f.is_file())
         shutil.rmtree(old)
-        log.warning("deleted %s (%.1f MB; keep_previous_runs=%d)", old, size / 2**20, keep)
+        why = "a failed start" if old in failed else f"keep_previous_runs={keep}"
+        log.warning("deleted %s (%.1f MB; %s)", old, size / 2**20, why)
     return removed

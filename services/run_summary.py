@@ -23,17 +23,28 @@ class RunResult:
     """How ``driver.run`` ended.
 
     ``steps_done``: steps completed (1-based count); ``stopped``: ended early on a stop request
-    (Ctrl-C, SIGTERM, ``fp8rl runs stop``); ``checkpoint``: the newest complete checkpoint, if
-    any; ``metrics``: the last step's metrics.
+    (Ctrl-C, SIGTERM, ``fp8rl runs stop``); ``stop_signal``: the signal that requested it (None
+    for a stop through the API); ``nothing_to_do``: a resumed run had already completed
+    ``steps_done`` >= ``total_steps`` steps and ran none; ``checkpoint``: the newest complete
+    checkpoint, if any; ``metrics``: the last step's metrics.
     """
 
     run_dir: Path
     total_steps: int
     steps_done: int = 0
     stopped: bool = False
+    stop_signal: int | None = None
+    nothing_to_do: bool = False
     checkpoint: Path | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     reward_first: float | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """0, or ``128 + stop_signal`` when a signal stopped the run before its last step (130
+        after Ctrl-C, the shell's code for a process ended by SIGINT): a script tells a stopped
+        run from a finished one. A stop through the API exits 0 (its run state says STOPPED)."""
+        return 128 + self.stop_signal if self.stopped and self.stop_signal else 0
 
 
 def closing_lines(result: RunResult, *, spec: str, overrides: list[str]) -> list[str]:
@@ -42,11 +53,7 @@ def closing_lines(result: RunResult, *, spec: str, overrides: list[str]) -> list
     ``spec``/``overrides``: the command line the run was started with (the resume command
     repeats them with ``checkpoint.resume=auto``, and raises ``steps`` for a finished run).
     """
-    state = "stopped early" if result.stopped else "finished"
-    lines = [
-        f"run {state} after {result.steps_done} of {result.total_steps} steps",
-        f"run directory: {result.run_dir}",
-    ]
+    lines = [headline(result), f"run directory: {result.run_dir}"]
     shown = [f"{k} {result.metrics[k]:.4g}" for k in FINAL_KEYS if k in result.metrics]
     if shown:
         lines.append("final metrics (last step): " + "  ".join(shown))
@@ -69,11 +76,22 @@ def closing_lines(result: RunResult, *, spec: str, overrides: list[str]) -> list
     return lines
 
 
+def headline(result: RunResult) -> str:
+    """The first closing line: how the run ended, in steps."""
+    if result.nothing_to_do:
+        return (
+            f"nothing to do: the run already completed {result.steps_done} steps "
+            f"(steps={result.total_steps})"
+        )
+    state = "stopped early" if result.stopped else "finished"
+    return f"run {state} after {result.steps_done} of {result.total_steps} steps"
+
+
 def resume_command(result: RunResult, *, spec: str, overrides: list[str]) -> str:
     """``fp8rl run`` continuing from the newest checkpoint (more steps when the run finished)."""
     dropped = ("checkpoint.resume=",) if result.stopped else ("checkpoint.resume=", "steps=")
     kept = [o for o in overrides if not o.startswith(dropped)]
-    more = [] if result.stopped else [f"steps={result.total_steps * 2}"]
+    more = [] if result.stopped else [f"steps={max(result.total_steps, result.steps_done) * 2}"]
     words = ["run", spec, *kept, *more, "checkpoint.resume=auto"]
     return " ".join([fp8rl_command(), *(shlex.quote(w) for w in words)])
 

@@ -57,7 +57,8 @@ def init_ray(address: str | None, *, cpu_threads: int | None = None) -> None:
 
     A stale ``/tmp/ray/ray_current_cluster`` left by a stopped cluster is ignored instead of
     hanging in ``ray.init``. The private Ray is a head with a watchdog (``private_ray.py``): it
-    is stopped at exit, and also when this process is killed. Its workers inherit
+    is stopped at exit, and also when this process is killed or interrupted (Ctrl-C), however
+    early, while the head is still starting included. Its workers inherit
     ``OMP_NUM_THREADS=cpu_threads`` (``local_cpu_threads``) unless the environment sets it.
     """
     if ray.is_initialized():

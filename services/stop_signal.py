@@ -21,7 +21,8 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 class StopOnSignal:
     """Context manager installing the two-stage handler on SIGINT and SIGTERM.
 
-    ``requested`` turns True at the first signal. The previous handlers are restored on exit.
+    ``requested`` turns True at the first signal, ``signum`` is that signal's number. The
+    previous handlers are restored on exit.
     A signal the process inherited as ignored (``SIG_IGN``) stays ignored.
     Outside the main thread (where Python cannot install handlers) it does nothing and
     ``requested`` stays False.
@@ -29,6 +30,7 @@ class StopOnSignal:
 
     def __init__(self, what_next: str = "") -> None:
         self.requested = False
+        self.signum: int | None = None
         self.what_next = what_next
         self._previous: dict[int, Any] = {}
 
@@ -50,7 +52,7 @@ class StopOnSignal:
         if self.requested:
             log.warning("%s again: stopping now, without a checkpoint", name)
             raise KeyboardInterrupt
-        self.requested = True
+        self.requested, self.signum = True, signum
         log.warning(
             "%s: stopping after the current step and saving a checkpoint%s "
             "(press Ctrl-C again to stop at once, without one)",

@@ -32,12 +32,15 @@ def export(
         Path | None, typer.Option(help="Target directory (default RUN_DIR/exports/FORMAT-step_N).")
     ] = None,
 ) -> None:
-    """Export a checkpoint as a Hugging Face directory (config, tokenizer, chat template,
-    safetensors). hf-fp8 holds the E4M3 codes + 128x128 scales the rollout engines ran.
+    """Export a checkpoint as a Hugging Face model directory.
 
-    Exit 2 for every problem with the checkpoint named (none there, no such step, an
-    incomplete or damaged save: the message names the file; pick another --step or restore
-    it), like the other commands' user errors; 1 when writing the export fails."""
+    It holds the config, tokenizer, chat template and safetensors weights; hf-fp8 keeps the
+    E4M3 codes and 128x128 scales the rollout engines ran.
+
+    Exit code 2 for a problem with the checkpoint (none there, no such step, an incomplete or
+    damaged save: the message names the file; pick another --step or restore it), 1 when
+    writing the export fails.
+    """
     import logging
 
     from fp8rl.services.checkpoint import CheckpointCorruptError, CheckpointError

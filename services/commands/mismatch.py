@@ -20,14 +20,17 @@ COLUMNS = ("mode", "tokens", "token_mult_prob_error", "kl_k3", "|Δlogp| max", "
 def mismatch(
     model: Annotated[
         str, typer.Option(help="model.path: builtin:NAME, random:PRESET, HF dir or .gguf.")
-    ] = ("builtin:smollm2-135m-instruct"),
+    ] = "builtin:smollm2-135m-instruct",
     prompts: Annotated[
         Path | None,
         typer.Option(
-            help="Text file, one prompt per line, or .jsonl with "
-            "a 'question' field (default: arithmetic problems)."
+            help="Text file (one prompt per line), or .jsonl/.parquet file or save_to_disk "
+            "directory (prompt in field --prompt-key). Default: arithmetic problems."
         ),
     ] = None,
+    prompt_key: Annotated[
+        str, typer.Option(help="Field holding the prompt in a --prompts dataset file.")
+    ] = "question",
     num_prompts: Annotated[
         int | None, typer.Option(min=1, help="Prompts to use (default 4, --full 8).")
     ] = None,
@@ -41,7 +44,11 @@ def mismatch(
     temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature.")] = 1.0,
     exact: Annotated[bool, typer.Option(help="Batch-invariant kernels (precision.exact).")] = True,
     modes: Annotated[
-        str, typer.Option(help="Comma-separated precision modes.")
+        str,
+        typer.Option(
+            help="Comma-separated precision modes: bf16, fp8_rollout, unified_fp8 (default: all).",
+            show_default=False,
+        ),
     ] = "bf16,fp8_rollout,unified_fp8",
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
     attribute: Annotated[
@@ -57,9 +64,11 @@ def mismatch(
         typer.Option("--json", help="Also write the results as JSON (rewritten after each mode)."),
     ] = None,
 ) -> None:
-    """Generate with the engine and score the same token ids with the trainer forward, per mode.
+    """Measure rollout vs trainer logprob mismatch per precision mode.
 
-    Each mode's row is printed (and the JSON rewritten) as soon as that mode is done.
+    The engine generates; the trainer forward scores the same token ids. Each mode's row is
+    printed (and the JSON rewritten) as soon as that mode is done. The defaults (model
+    builtin:smollm2-135m-instruct, 4 prompts, 16 tokens) take under a minute on CPU.
     """
     import torch
     from pydantic import ValidationError
@@ -75,8 +84,13 @@ def mismatch(
     }  # fmt: skip
     chosen = [m.strip() for m in modes.split(",") if m.strip()]
     bad = [m for m in chosen if m not in MODES]
-    if bad:
-        raise fail(f"--modes: unknown {bad}; choose from {list(MODES)}")
+    if bad or not chosen:
+        what = f"unknown {', '.join(map(repr, bad))}" if bad else f"no mode in {modes!r}"
+        raise fail(f"--modes: {what}; choose from {', '.join(MODES)} (comma-separated)")
+    try:
+        texts = _prompts(prompts, size["num_prompts"], key=prompt_key)
+    except ValueError as exc:
+        raise fail(f"--prompts: {exc}") from None
     try:
         spec = ModelSpec(path=model, max_model_len=512)
         source = resolve_model(spec.path)
@@ -85,7 +99,7 @@ def mismatch(
         raise fail(f"--model: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
     except (ValueError, FileNotFoundError) as exc:
         raise fail(f"--model: {exc}") from None
-    ids = _prompt_ids(tokenizer, _prompts(prompts, size["num_prompts"]))
+    ids = _prompt_ids(tokenizer, texts)
     sampling = SamplingParams(
         n=size["n"], temperature=temperature, max_tokens=size["max_tokens"], seed=seed
     )
@@ -165,7 +179,17 @@ def _prompt_ids(tokenizer, texts: list[str]) -> list[list[int]]:
     return [list(i["input_ids"] if hasattr(i, "keys") else i) for i in ids]
 
 
-def _prompts(path: Path | None, count: int) -> list[str]:
+def _prompts(path: Path | None, count: int, *, key: str) -> list[str]:
+    """The first ``count`` prompts: arithmetic problems, or those of ``path``.
+
+    ``.jsonl``/``.parquet`` files and ``save_to_disk`` directories are read by the training
+    loader (``load_file_dataset``), with the ``key`` field as the prompt; any other file is text,
+    one prompt per line.
+
+    Raises:
+        ValueError: ``path`` is missing or holds no prompts, or a row of it is not a prompt
+            (the message names the file, the row or line and what is wrong).
+    """
     if path is None:
         from fp8rl.protocol import ArithmeticDataset
         from fp8rl.services.data import generate_arithmetic
@@ -174,14 +198,63 @@ def _prompts(path: Path | None, count: int) -> list[str]:
             f"What is {r.question}? Reply with just the number."
             for r in generate_arithmetic(ArithmeticDataset(difficulty=2, num_problems=count))
         ]
-    from fp8rl.services.commands.common import fail
-
     if not path.exists():
-        raise fail(f"--prompts: {path} does not exist")
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-    if path.suffix == ".jsonl":
-        lines = [json.loads(ln)["question"] for ln in lines]
-    return lines[:count]
+        raise ValueError(f"{path} does not exist")
+    if path.suffix == ".json":
+        raise ValueError(
+            f"{path}: a .json file is not read; give a .jsonl file (one JSON object per line) "
+            "or a text file (one prompt per line)"
+        )
+    if path.is_dir() or path.suffix in (".jsonl", ".parquet"):
+        texts = _dataset_prompts(path, count, key=key)
+    else:
+        texts = _text_prompts(path, count)
+    if not texts:
+        raise ValueError(f"{path} has no prompts (it is empty or only blank lines)")
+    return texts
+
+
+def _dataset_prompts(path: Path, count: int, *, key: str) -> list[str]:
+    """The ``key`` field of the first ``count`` rows, each a non-empty string."""
+    from fp8rl.protocol import FileDataset
+    from fp8rl.services.data import load_file_dataset
+
+    spec = FileDataset(path=str(path), prompt_key=key, answer_key=key, limit=count)
+    try:
+        records = load_file_dataset(spec)  # the answer is not needed: answer_key=key
+    except ValueError as exc:
+        wrong_key = getattr(exc, "field", None) == "prompt_key"
+        raise ValueError(
+            f"{exc}{'; pick the field with --prompt-key' if wrong_key else ''}"
+        ) from None
+    for index, record in enumerate(records):
+        text = record.row[key]
+        if not isinstance(text, str) or not text.strip():
+            got = (
+                "an empty string"
+                if isinstance(text, str)
+                else f"{type(text).__name__} {text!r:.40}"
+            )
+            raise ValueError(f"{path} row {index}: {key!r} must be a non-empty string, got {got}")
+    return [record.row[key] for record in records]
+
+
+def _text_prompts(path: Path, count: int) -> list[str]:
+    """The first ``count`` non-blank lines of a UTF-8 text file."""
+    texts: list[str] = []
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if len(texts) == count:
+                break
+            try:
+                line = raw.decode("utf-8").strip()
+            except UnicodeDecodeError as exc:
+                raise ValueError(
+                    f"{path} line {number}: not UTF-8 text (byte {exc.start})"
+                ) from None
+            if line:
+                texts.append(line)
+    return texts
 
 
 def register(app: typer.Typer) -> None:

@@ -16,8 +16,11 @@ def report(
         Path | None, typer.Option(help="Where to write the report (default RUN_DIR/report).")
     ] = None,
 ) -> None:
-    """Plot reward, validation accuracy, response length, mismatch (over steps and positions),
-    time per phase and tokens/s; write report.md and a self-contained report.html."""
+    """Write a run's report.md and a self-contained report.html.
+
+    Plots reward, validation accuracy, response length, mismatch (over steps and positions),
+    time per phase and tokens/s.
+    """
     from fp8rl.services.report import write_report
 
     try:

@@ -19,7 +19,7 @@ from fp8rl.services.commands.common import fail
 
 runs_app = typer.Typer(
     name="runs",
-    help="Submit, list, inspect, follow and stop runs of an fp8rl API server.",
+    help="Submit, list, inspect, follow and stop runs of `fp8rl serve`.",
     no_args_is_help=True,
 )
 
@@ -56,8 +56,12 @@ def _call(fn, *args: Any, **kwargs: Any) -> Any:
     try:
         return fn(*args, **kwargs)
     except ApiError as exc:
-        lines = [str(exc)]
-        lines += [f"  {e['path']}: {e['message']}" for e in exc.problem.get("errors") or []]
+        errors = exc.problem.get("errors") or []
+        if not errors:
+            raise fail(str(exc), code=1) from None
+        # the problem's detail joins the same errors: print the title, then one line each
+        lines = [f"{exc.status}: {exc.problem.get('title') or 'invalid request'}"]
+        lines += [f"  {e['path']}: {e['message']}" for e in errors]
         raise fail("\n".join(lines), code=1) from None
 
 
@@ -148,7 +152,7 @@ def logs(
 def stop(
     run_id: RunIdArg, api: ApiUrl = DEFAULT_API, token: Token = None, token_file: TokenFile = None
 ) -> None:
-    """Ask a run to stop (the driver checkpoints, then the run ends STOPPED)."""
+    """Ask a run to stop (its driver checkpoints, then it ends STOPPED)."""
     with _client(api, token, token_file) as client:
         run = _call(client.stop_run, run_id)
     note = (
@@ -173,7 +177,7 @@ def submit(
     token: Token = None,
     token_file: TokenFile = None,
 ) -> None:
-    """Submit a job spec to the API (POST /runs), then follow it like `runs watch`.
+    """Submit a job spec (POST /runs), then follow it like `runs watch`.
 
     The server validates the spec (errors name the field, exit 1) and chooses the run directory.
     Exit code 0 only when the run SUCCEEDED (or at once with --detach).
@@ -198,7 +202,10 @@ def submit(
 def watch(
     run_id: RunIdArg, api: ApiUrl = DEFAULT_API, token: Token = None, token_file: TokenFile = None
 ) -> None:
-    """Follow a run live (server-sent events) until it ends; exit code 0 only for SUCCEEDED."""
+    """Follow a run live until it ends; exit code 0 only for SUCCEEDED.
+
+    Progress and the latest metrics come from the server-sent events of GET /runs/{id}/events.
+    """
     with _client(api, token, token_file) as client:
         _watch(client, run_id, _console())
 

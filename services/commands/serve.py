@@ -20,8 +20,8 @@ def serve(
     db: Annotated[
         str | None,
         typer.Option(
-            help="Run store URL (SQLAlchemy): sqlite:////path/runs.db or postgresql+psycopg://…. "
-            "Default: sqlite in the data directory.",
+            help="Run store URL (SQLAlchemy): sqlite:////path/runs.db or "
+            "postgresql+psycopg://USER@HOST/DB. Default: sqlite in the data directory.",
             envvar="FP8RL_STORE_URL",
         ),
     ] = None,
@@ -82,7 +82,7 @@ def serve(
     ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn/fp8rl log level.")] = "info",
 ) -> None:
-    """Serve the REST API: start, watch and stop runs over HTTP (docs at /docs)."""
+    """Serve the REST API to start, watch and stop runs (docs at /docs)."""
     import uvicorn
 
     from fp8rl.services.api import ApiSettings, create_app

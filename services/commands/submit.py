@@ -43,7 +43,10 @@ def submit(
     ] = None,
     wait: Annotated[bool, typer.Option(help="Follow the job's logs until it ends.")] = True,
 ) -> None:
-    """Submit a job spec to a Ray cluster: the same driver as `fp8rl run` and the REST API."""
+    """Submit a job spec to a Ray cluster.
+
+    The job runs the same driver as `fp8rl run` and the REST API.
+    """
     job = read_spec(spec, overrides)  # exit 2 with the field path on a bad spec
     try:
         preflight(job, local=False)  # cluster paths and extras are the cluster's to check

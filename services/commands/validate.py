@@ -37,8 +37,12 @@ def validate(
         ),
     ] = False,
 ) -> None:
-    """Validate a job spec (fields, and what this machine needs to run it: files, extras, reward
-    functions); print it fully resolved and its quant fingerprint, or with --plan its placement."""
+    """Validate a job spec and print it fully resolved.
+
+    Checks the fields and what this machine needs to run it (files, datasets, extras, reward
+    functions), then prints the resolved spec and its quant fingerprint, or with --plan its
+    placement.
+    """
     job = read_spec(spec, overrides)
     if plan:
         from fp8rl.services.commands.plan_view import print_plan

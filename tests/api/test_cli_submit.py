@@ -75,3 +75,11 @@ def test_submit_follows_the_run_to_its_end(cli_over_app):
 def test_submit_of_a_bad_override_prints_the_field_and_exits_1(cli_over_app):
     result = _submit("rollout.max_tokns=8", "--detach")
     assert result.exit_code == 1 and "max_tokns" in result.output
+
+
+def test_a_refused_spec_prints_each_problem_once(cli_over_app):
+    result = _submit("rollout.max_tokns=3", "steps=true", "--detach")
+    assert result.exit_code == 1, result.output
+    assert result.output.count("rollout.max_tokns: unknown field") == 1, result.output
+    assert result.output.count("steps: expected an integer, got a boolean (true)") == 1
+    assert result.output.startswith("422: Invalid job spec\n")

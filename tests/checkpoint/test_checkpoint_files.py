@@ -25,7 +25,6 @@ from fp8rl.services.checkpoint import (
     TEST_DELAY_ENV,
     TRAINER_DIR,
     CheckpointCorruptError,
-    Checkpointer,
     CheckpointError,
     find_checkpoint,
     latest_checkpoint,
@@ -35,6 +34,7 @@ from fp8rl.services.checkpoint import (
     write_checkpoint,
     write_model_shards,
 )
+from fp8rl.services.checkpointer import Checkpointer
 
 SHARD = f"{TRAINER_DIR}/__0_0.distcp"
 """The one rank's DCP data file."""

@@ -23,7 +23,6 @@ from fp8rl.services.checkpoint import (
     STATE_FILE,
     TRAINER_DIR,
     CheckpointCorruptError,
-    Checkpointer,
     CheckpointError,
     begin_checkpoint,
     commit_checkpoint,
@@ -35,6 +34,7 @@ from fp8rl.services.checkpoint import (
     verify_checkpoint,
 )
 from fp8rl.services.checkpoint_verify import hash_directory
+from fp8rl.services.checkpointer import Checkpointer
 
 MODEL_FILE = SHARD
 """The one rank's DCP weights file: what the damage below hits."""
@@ -121,6 +121,9 @@ def test_a_damaged_checkpoint_is_skipped_with_path_and_reason_and_resume_falls_b
     good = save(root, 1)
     bad = save(root, 2)
     expected = damage(bad)
+    with pytest.raises(CheckpointCorruptError, match=expected) as error:
+        verify_checkpoint(bad)
+    assert str(bad) in str(error.value) and not isinstance(error.value, ValueError)
 
     with caplog.at_level(logging.WARNING, logger="fp8rl.services.checkpoint"):
         checkpointer = Checkpointer(tmp_path, small_job())
@@ -128,9 +131,8 @@ def test_a_damaged_checkpoint_is_skipped_with_path_and_reason_and_resume_falls_b
     [skipped] = checkpointer.skipped
     assert skipped.path == bad and skipped.corrupt and expected in skipped.reason
     assert any(str(bad) in r.message and expected in r.message for r in caplog.records)
-    with pytest.raises(CheckpointCorruptError, match=expected) as error:
-        verify_checkpoint(bad)
-    assert str(bad) in str(error.value) and not isinstance(error.value, ValueError)
+    [aside] = bad.parent.glob("step_2.unverified-*")  # moved aside, not deleted
+    assert not bad.exists() and any(aside.name in r.message for r in caplog.records)
 
     class Trainer:
         def load(self, directory):
@@ -233,21 +235,26 @@ def test_pruning_never_counts_damaged_checkpoints_towards_keep_last(tmp_path):
         save(root, step)
     truncate(root / "step_3")
     remove_manifest(root / "step_4")
-    deleted = prune_checkpoints(root, keep_last=1, anchor=None)
-    assert deleted == [root / "step_1"]  # step_2 is the newest complete one: kept
-    assert sorted(p.name for p in root.iterdir()) == [LATEST, "step_2", "step_3", "step_4"]
+    pruned = prune_checkpoints(root, keep_last=1, anchor=None)
+    assert pruned.deleted == [root / "step_1"]  # step_2 is the newest verified one: kept
+    assert [p.name.partition(".")[0] for p in pruned.set_aside] == ["step_4", "step_3"]
+    assert sorted(p.name for p in root.iterdir() if ".unverified-" not in p.name) == [
+        LATEST,
+        "step_2",
+    ]
 
 
 def test_pruning_after_a_resume_keeps_the_verified_anchor_and_drops_older_damage(tmp_path):
     root = tmp_path / "checkpoints"
     for step in (1, 2, 3, 4):
         save(root, step)
-    truncate(root / "step_1")  # damaged and older than the anchor: can never be resumed from
-    flip_byte(root / "step_4")  # passes the size check: counts as complete for keep_last
+    truncate(root / "step_1")  # damaged and older than the anchor: pruned like any old one
+    flip_byte(root / "step_4")  # passes the size check only: moved aside at the resume
     checkpointer, trainer, sampler = _saver(tmp_path, keep_last=1)
     assert checkpointer.resolve() == root / "step_3"
     checkpointer.save(5, trainer, sampler, healthy=False)
-    assert sorted(p.name for p in root.iterdir()) == [LATEST, "step_3", "step_5"]
+    [aside] = root.glob("step_4.unverified-*")
+    assert sorted(p.name for p in root.iterdir()) == [LATEST, "step_3", aside.name, "step_5"]
     assert select_checkpoint(root)[0] == root / "step_3"
     assert (root / LATEST).read_text().strip() == "step_3"  # no longer the pruned step_4
 
@@ -318,18 +325,6 @@ def test_fp8rl_run_shows_the_skipped_checkpoint_and_its_reason(tmp_path, caplog)
     assert any("already completed 1 of 1 steps" in m for m in logged)
     # the closing lines offer the export and the resume of the verified checkpoint
     assert "--format hf-bf16" in result.output and "no checkpoint was written" not in result.output
-
-
-def test_resuming_from_a_named_damaged_checkpoint_exits_1_naming_the_file(tmp_path, capsys):
-    from fp8rl.services.driver import main
-
-    bad = save(tmp_path / "elsewhere" / "checkpoints", 1)
-    truncate(bad)
-    spec = _spec(tmp_path, resume=str(bad))
-    assert main([str(spec)]) == 1  # a storage fault, not the user error exit code 2
-    err = capsys.readouterr().err
-    assert "CheckpointCorruptError" in err and f"{MODEL_FILE} is 100 bytes" in err
-    assert str(bad) in err
 
 
 def test_verification_cost_is_paid_once_per_resume(tmp_path, monkeypatch):

@@ -122,3 +122,17 @@ def test_non_utf8_byte_names_the_file_and_the_line(tmp_path):
     bad.write_bytes(b'{"question": "x", "answer": "1"}\n{"question": "caf\xe9", "answer": "2"}\n')
     with pytest.raises(ValueError, match=r"latin1\.jsonl:2: not UTF-8 text \(byte 0xe9 at column"):
         build_dataset(FileDataset(path=str(bad)))
+
+
+def test_an_empty_file_is_refused_naming_the_file_not_the_sampler(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match=r"empty\.jsonl has no rows"):
+        build_dataset(FileDataset(path=str(empty)))
+
+
+def test_a_json_line_that_is_not_an_object_names_the_line(tmp_path):
+    bad = tmp_path / "list.jsonl"
+    bad.write_text('{"question": "x", "answer": "1"}\n["x", "1"]\n')
+    with pytest.raises(ValueError, match=r"list\.jsonl:2: not a JSON object \(list\)"):
+        build_dataset(FileDataset(path=str(bad)))

@@ -19,7 +19,7 @@ def test_first_signal_requests_a_stop_and_the_second_interrupts(sig):
     with StopOnSignal() as stop:
         assert not stop.requested
         os.kill(os.getpid(), sig)
-        assert stop.requested
+        assert stop.requested and stop.signum == sig
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), sig)
     assert signal.getsignal(sig) is before
@@ -71,6 +71,41 @@ def test_closing_lines_of_a_stopped_run_resume_the_same_steps():
     assert "fp8rl run q.yaml steps=8 checkpoint.resume=auto" in text
 
 
+def test_closing_lines_of_a_resume_with_nothing_left_to_run_say_so():
+    """steps=5 on a run that completed 9 printed `run finished after 5 of 5 steps`."""
+    result = _result(total_steps=5, steps_done=9, nothing_to_do=True, checkpoint=Path("/c/step_9"))
+    text = "\n".join(closing_lines(result, spec="q.yaml", overrides=["steps=5"]))
+    assert text.startswith("nothing to do: the run already completed 9 steps (steps=5)")
+    assert "finished after" not in text
+    assert "fp8rl run q.yaml steps=18 checkpoint.resume=auto" in text
+
+
+@pytest.mark.parametrize(
+    ("ending", "code"),
+    [
+        ({"stopped": True, "stop_signal": signal.SIGINT}, 130),  # Ctrl-C, then a checkpoint
+        ({"stopped": True, "stop_signal": signal.SIGTERM}, 143),
+        ({"stopped": True}, 0),  # `fp8rl runs stop`: the API's run state says STOPPED
+        ({}, 0),
+        ({"nothing_to_do": True, "steps_done": 9}, 0),
+    ],
+)
+def test_a_run_stopped_by_a_signal_exits_like_one_killed_by_it(ending, code):
+    """A graceful Ctrl-C stop exited 0, like a finished run; a Ctrl-C during startup 130."""
+    assert _result(**ending).exit_code == code
+
+
+def test_driver_exit_code_after_a_graceful_ctrl_c_stop_is_130(monkeypatch, capsys):
+    from fp8rl_testing import REPO
+
+    from fp8rl.services import driver
+
+    stopped = _result(steps_done=1, total_steps=3, stopped=True, stop_signal=signal.SIGINT)
+    monkeypatch.setattr(driver, "run", lambda job, reporter=None: stopped)
+    assert driver.main([str(REPO / "deploy/jobs/quickstart.yaml"), "steps=3"]) == 130
+    assert "run stopped early after 1 of 3 steps" in capsys.readouterr().err
+
+
 def test_closing_lines_without_a_checkpoint_say_why_there_is_no_export():
     text = "\n".join(closing_lines(_result(), spec="q.yaml", overrides=[]))
     assert "fp8rl export" not in text and "checkpoint.save_final" in text
@@ -78,8 +113,9 @@ def test_closing_lines_without_a_checkpoint_say_why_there_is_no_export():
 
 @pytest.mark.slow
 def test_ctrl_c_during_a_run_stops_after_the_step_with_a_checkpoint(tmp_path):
-    """A real driver on the tiny random Llama: SIGINT once while step 1 runs → exit 0 after
-    that step, its checkpoint, and a closing line with the resume command."""
+    """A real driver on the tiny random Llama: SIGINT once while step 1 runs → exit 130 after
+    that step (a stopped run, not a finished one), its checkpoint, and a closing line with the
+    resume command."""
     import json
     import subprocess
     import sys
@@ -110,7 +146,7 @@ def test_ctrl_c_during_a_run_stops_after_the_step_with_a_checkpoint(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     err = "".join(lines)
-    assert proc.returncode == 0, err[-3000:]
+    assert proc.returncode == 130, err[-3000:]
     run_dir = tmp_path / "quickstart"
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     last = rows[-1]["step"]

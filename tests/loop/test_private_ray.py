@@ -1,5 +1,6 @@
 """Clean exits (issue 17 row 12): a private Ray head is stopped by its watchdog when the driver
-is killed with SIGKILL, every process of the head's session included; Ray's token file is 0600."""
+is killed with SIGKILL, every process of the head's session included; a Ctrl-C while the head
+starts stops it too; Ray's token file is 0600."""
 
 from __future__ import annotations
 
@@ -15,12 +16,17 @@ from pathlib import Path
 
 import pytest
 
+from fp8rl.services import private_ray, ray_head
 from fp8rl.services.private_ray import make_token_private, session_members
 
-# A stand-in head: leads its own session, has a child in the process group and one that left
-# the group (as Ray's agents can), all sleeping.
+# A stand-in head (argv: its temp dir): leads its own session, records itself there as
+# `ray_head` does, has a child in the process group and one that left the group (as Ray's
+# agents can), all sleeping.
 FAKE_HEAD = """
 import os, subprocess, sys, time
+from fp8rl.services.ray_head import claim_head
+if claim_head(sys.argv[1], os.getpid()) != os.getpid():
+    sys.exit(1)
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 subprocess.Popen([sys.executable, "-c", "import os, time; os.setpgrp(); time.sleep(600)"])
 time.sleep(600)
@@ -46,12 +52,8 @@ def test_watchdog_stops_the_whole_head_session_when_the_driver_is_killed(tmp_pat
     temp_dir = tmp_path / "fp8rl-ray-x"
     temp_dir.mkdir()
     driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    head = subprocess.Popen([sys.executable, "-c", FAKE_HEAD], start_new_session=True)
-    watchdog = subprocess.Popen(
-        [sys.executable, "-m", "fp8rl.services.private_ray", str(driver.pid), str(head.pid),
-         str(temp_dir)],
-        start_new_session=True,
-    )  # fmt: skip
+    watchdog = _watchdog(driver.pid, temp_dir)
+    head = subprocess.Popen([sys.executable, "-c", FAKE_HEAD, temp_dir], start_new_session=True)
     try:
         _wait(lambda: len(session_members(head.pid)) == 3, timeout_s=30)
         time.sleep(1.0)  # the watchdog is up and polling
@@ -66,20 +68,75 @@ def test_watchdog_stops_the_whole_head_session_when_the_driver_is_killed(tmp_pat
         _kill_all([driver.pid, watchdog.pid, *session_members(head.pid)])
 
 
+def _watchdog(driver_pid: int, temp_dir: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "fp8rl.services.private_ray", str(driver_pid), str(temp_dir)],
+        start_new_session=True,
+    )
+
+
 def test_watchdog_leaves_the_head_alone_while_the_driver_lives(tmp_path):
     driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    head = subprocess.Popen([sys.executable, "-c", FAKE_HEAD], start_new_session=True)
-    watchdog = subprocess.Popen(
-        [sys.executable, "-m", "fp8rl.services.private_ray", str(driver.pid), str(head.pid),
-         str(tmp_path)],
-        start_new_session=True,
-    )  # fmt: skip
+    watchdog = _watchdog(driver.pid, tmp_path)
+    head = subprocess.Popen([sys.executable, "-c", FAKE_HEAD, tmp_path], start_new_session=True)
     try:
         time.sleep(2.0)
         assert head.poll() is None and watchdog.poll() is None
     finally:
         _kill_all([driver.pid, watchdog.pid, *session_members(head.pid)])
         head.wait()
+
+
+def test_ctrl_c_while_the_head_starts_stops_it_and_removes_its_temp_dir(tmp_path, monkeypatch):
+    """The leak of the new-user test: a Ctrl-C inside ``start_local_ray`` (``ray start`` bringing
+    the head up, before any shutdown hook exists) left the whole head running under init."""
+    started: dict[str, object] = {}
+
+    def interrupted_start(log_path, *, temp_dir, num_cpus, dashboard):
+        head = subprocess.Popen([sys.executable, "-c", FAKE_HEAD, temp_dir], start_new_session=True)
+        started.update(head=head, temp_dir=temp_dir)
+        _wait(lambda: len(session_members(head.pid)) == 3, timeout_s=30)  # half-way up
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(private_ray.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(private_ray, "start_local_ray", interrupted_start)
+    head = None
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            private_ray.start_private_ray()
+        head = started["head"]
+        assert head.wait(timeout=5) != 0  # stopped, not left running
+        assert not session_members(head.pid)
+        assert not Path(started["temp_dir"]).exists()
+        assert not list(tmp_path.iterdir())  # nor the watchdog's dir
+    finally:
+        if head is not None:
+            _kill_all(session_members(head.pid))
+
+
+def test_a_head_called_off_before_it_starts_starts_nothing(tmp_path, monkeypatch):
+    """The driver died before its ``ray start`` ran: the watchdog calls the head off, and the
+    late ``ray start`` exits 1 without importing Ray."""
+    driver = subprocess.Popen([sys.executable, "-c", "pass"])
+    driver.wait()
+    temp_dir = tmp_path / "fp8rl-ray-x"
+    temp_dir.mkdir()
+    assert private_ray.main([str(driver.pid), str(temp_dir)]) == 0
+    assert not temp_dir.exists()
+    monkeypatch.setitem(sys.modules, "ray._private.services", None)  # importing it would fail
+    monkeypatch.setitem(sys.modules, "ray.scripts.scripts", None)
+    assert ray_head.main(["--head", f"--temp-dir={temp_dir}"]) == 1
+    temp_dir.mkdir()  # called off by a stopper that has not removed the dir yet
+    assert ray_head.claim_head(temp_dir, ray_head.CALLED_OFF) == ray_head.CALLED_OFF
+    assert ray_head.main(["--head", f"--temp-dir={temp_dir}"]) == 1
+
+
+def test_the_first_claim_on_a_head_stands(tmp_path):
+    """A head that claimed first is stopped by its session id; one called off first never runs."""
+    assert ray_head.claim_head(tmp_path, 4242) == 4242
+    assert ray_head.claim_head(tmp_path, ray_head.CALLED_OFF) == 4242
+    assert ray_head.claim_head(tmp_path / "gone", 4243) == ray_head.CALLED_OFF
+    assert [p.name for p in tmp_path.iterdir()] == [ray_head.LEADER_FILE]  # no drafts left
 
 
 def test_ray_token_file_is_made_private(tmp_path, monkeypatch):
@@ -134,6 +191,29 @@ def test_killed_driver_leaves_no_ray_process_behind(short_tmp):
         _wait(lambda: not list(short_tmp.glob("fp8rl-ray-*")), timeout_s=10)  # its temp dir too
     finally:
         _kill_all([driver.pid, *(session_members(session) if session else [])])
+
+
+def test_ctrl_c_while_a_real_head_starts_leaves_no_ray_process_behind(short_tmp):
+    """The new-user test's repro on a real Ray: SIGINT while `ray start` brings the driver's
+    private head up (it leaked gcs_server, raylet and the agents, ~0.4 GB, and the temp dir)."""
+    env = {**os.environ, "TMPDIR": str(short_tmp), "RAY_TMPDIR": str(short_tmp)}
+    env.pop("RAY_ADDRESS", None)
+    script = "from fp8rl.services import runtime; runtime.init_ray(None); input()"
+    driver = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, env=env)
+    leader = None
+    try:
+        _wait(lambda: list(short_tmp.glob("fp8rl-ray-*/head.leader")), timeout_s=120)
+        leader = int(next(short_tmp.glob("fp8rl-ray-*/head.leader")).read_text())
+        driver.send_signal(signal.SIGINT)  # `ray start` is starting the head's processes
+        start = time.monotonic()
+        driver.wait(timeout=60)
+        elapsed = time.monotonic() - start
+        assert not session_members(leader)
+        assert not list(short_tmp.glob("fp8rl-ray-*"))
+        assert elapsed < 8.0  # stopped in Ray's order, not after the 10 s grace period
+        print(f"driver gone {elapsed:.2f} s after SIGINT, its head with it")
+    finally:
+        _kill_all([driver.pid, *(session_members(leader) if leader else [])])
 
 
 def test_private_head_runs_without_the_dashboard(short_tmp, monkeypatch):

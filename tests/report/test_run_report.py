@@ -137,3 +137,12 @@ def test_timing_plot_phases_are_disjoint_and_add_up_to_the_step_wall_time():
     assert set(phases) == {"rollout", "train", "other"}
     assert phases["other"] == [(1, 0.5)]
     assert sum(points[0][1] for points in phases.values()) == 6.5
+
+
+def test_report_of_a_run_where_no_step_ran_is_a_user_error(tmp_path):
+    tracker = Tracker(tmp_path, LoggingSpec(backends=[]), config={"name": "failed"})
+    tracker.close()  # a start that failed before step 1: empty metrics.jsonl
+    (tmp_path / "job.yaml").write_text("name: failed\nsteps: 8\n")
+    result = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 2 and "no step ran" in result.output
+    assert not (tmp_path / "report").exists()
