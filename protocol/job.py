@@ -24,7 +24,8 @@ class JobSpec(StrictModel):
     """A complete fp8rl run: model, data, engines, algorithm, precision and bookkeeping."""
 
     name: str = "fp8rl-run"
-    """Run name; the run directory is ``output_dir/name``. Letters, digits, ``._-``."""
+    """Run name; the run directory is ``output_dir/name``. Letters, digits, ``._-``; not
+    containing ``.previous-`` (earlier runs moved aside)."""
 
     seed: int = 0
     """Seed of data order, sampling and initialisation."""
@@ -85,6 +86,10 @@ class JobSpec(StrictModel):
     def _check_name(cls, value: str) -> str:
         if not _NAME.match(value):
             raise ValueError("must be 1-64 characters of letters, digits, '.', '_' or '-'")
+        if ".previous-" in value:  # the suffix of runs moved aside, which pruning may delete
+            raise ValueError(
+                "must not contain '.previous-' (the suffix of earlier runs moved aside)"
+            )
         return value
 
     @model_validator(mode="after")

@@ -208,6 +208,17 @@ def open_session(job: JobSpec, reporter: Any, result: RunResult) -> Session | No
         )
         result.nothing_to_do = True
         return None
+    # the whole dataset and one rendered prompt before the run directory is touched: a bad row
+    # past preflight's first records must not move an earlier run aside (or prune one)
+    tokenizer = load_tokenizer(resolve_model(job.model.path, load_weights=False).tokenizer_dir)
+    sampler = PromptSampler(
+        build_dataset(job.data.train),
+        batch_size=job.data.prompts_per_step,
+        shuffle=job.data.shuffle,
+        seed=job.seed,
+    )
+    feed = PromptFeed(sampler, tokenizer, job)
+    feed.peek(1)  # a bad template or field fails here too, before Ray starts
     run_dir = prepare_run_dir(job, fresh=resume is None)
     log.info("run directory: %s", run_dir.resolve())
     tracker = Tracker(
@@ -217,15 +228,6 @@ def open_session(job: JobSpec, reporter: Any, result: RunResult) -> Session | No
         total_steps=job.steps,
         start_step=start,
     )
-    tokenizer = load_tokenizer(resolve_model(job.model.path, load_weights=False).tokenizer_dir)
-    sampler = PromptSampler(
-        build_dataset(job.data.train),
-        batch_size=job.data.prompts_per_step,
-        shuffle=job.data.shuffle,
-        seed=job.seed,
-    )
-    feed = PromptFeed(sampler, tokenizer, job)
-    feed.peek(1)  # render one prompt now: a bad template or field fails before Ray starts
     return Session(
         job,
         tracker,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -86,6 +87,11 @@ def prepare_run_dir(job: JobSpec, *, fresh: bool) -> Path:
     return path
 
 
+_ASIDE = re.compile(r"previous-\d{8}-\d{6}(-\d+)?")
+"""The suffix ``_move_aside`` gives (``previous-YYYYmmdd-HHMMSS``, ``-<ns>`` on a clash): only
+such directories are pruned, never another run whose name merely starts the same way."""
+
+
 def _move_aside(path: Path) -> Path:
     """Rename ``path`` to ``<name>.previous-<time>``; return the new path."""
     aside = path.with_name(f"{path.name}.previous-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -114,11 +120,17 @@ def prune_previous_runs(path: Path, *, keep: int) -> list[Path]:
     and every failed start among them (``failed_start``); return the deleted.
 
     ``keep`` counts only runs that completed a step or saved a checkpoint, so failed attempts
-    never delete a good run. Newest by the time in the name (``previous-YYYYmmdd-HHMMSS`` sorts
-    by time). Logs each deletion with its size.
+    never delete a good run. Only names ``_move_aside`` gives count (``_ASIDE``). Newest by the
+    time in the name (``previous-YYYYmmdd-HHMMSS`` sorts by time). Logs each deletion with its size.
     """
+    suffix = len(path.name) + 1
     previous = sorted(
-        (p for p in path.parent.glob(f"{path.name}.previous-*") if p.is_dir()), reverse=True
+        (
+            p
+            for p in path.parent.glob(f"{path.name}.previous-*")
+            if p.is_dir() and _ASIDE.fullmatch(p.name[suffix:])
+        ),
+        reverse=True,
     )
     failed = [p for p in previous if failed_start(p)]
     removed = failed + [p for p in previous if p not in failed][keep:]

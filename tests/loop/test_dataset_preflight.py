@@ -69,13 +69,15 @@ def test_the_probe_reads_only_the_first_rows(tmp_path):
     probe_file_dataset(FileDataset(path=str(path)))
 
 
-def test_run_with_bad_data_leaves_the_earlier_run_untouched(repo, tmp_path, capsys):
+@pytest.mark.parametrize("bad_line", [2, 101])  # 101: past preflight's first records
+def test_run_with_bad_data_leaves_the_earlier_run_untouched(repo, tmp_path, capsys, bad_line):
     from fp8rl.services.driver import main
 
     good = tmp_path / "quickstart"
     (good / "checkpoints" / "step_10").mkdir(parents=True)
     (good / "metrics.jsonl").write_text('{"step": 10}\n')
-    garbage = _bad_dataset(tmp_path, "not_json")
+    garbage = tmp_path / "garbage.jsonl"
+    garbage.write_text(f"{GOOD_ROW}\n" * (bad_line - 1) + "not json\n")
     code = main(
         [
             str(repo / "deploy" / "jobs" / "quickstart.yaml"),
@@ -85,6 +87,6 @@ def test_run_with_bad_data_leaves_the_earlier_run_untouched(repo, tmp_path, caps
         ]
     )
     assert code == 2
-    assert f"data.train.path: {garbage}:2: not valid JSON" in capsys.readouterr().err
+    assert f"{garbage}:{bad_line}: not valid JSON" in capsys.readouterr().err
     assert (good / "checkpoints" / "step_10").is_dir()
     assert list(tmp_path.glob("quickstart.previous-*")) == []

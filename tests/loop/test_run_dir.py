@@ -3,7 +3,9 @@ a failed start (no step, no checkpoint) is replaced, so it never pushes a good r
 
 from __future__ import annotations
 
-from fp8rl.protocol import parse_job_spec
+import pytest
+
+from fp8rl.protocol import SpecError, parse_job_spec
 from fp8rl.services.run_dir import prepare_run_dir, prune_previous_runs
 
 
@@ -83,3 +85,22 @@ def test_a_directory_that_is_not_a_run_is_moved_aside_not_deleted(tmp_path):
     prepare_run_dir(job, fresh=True)
     (previous,) = tmp_path.glob("qs.previous-*")
     assert (previous / "notes.txt").read_text() == "mine"
+
+
+def test_pruning_never_touches_another_run_whose_name_starts_the_same(tmp_path):
+    """``exp.previous-live`` / ``exp.previous-zfinal`` are not runs ``exp`` moved aside: a live
+    one was deleted as "a failed start", a finished one sorted as the newest."""
+    live = tmp_path / "exp.previous-live"
+    _fill(live, "")  # a run in its first step: an empty metrics.jsonl
+    (live / "job.yaml").write_text("name: exp.previous-live\n")
+    _good_run(tmp_path / "exp.previous-zfinal")
+    _good_run(tmp_path / "exp.previous-20260101-000000")
+    _good_run(tmp_path / "exp.previous-20260201-000000")
+    removed = prune_previous_runs(tmp_path / "exp", keep=1)
+    assert [p.name for p in removed] == ["exp.previous-20260101-000000"]
+    assert live.is_dir() and (tmp_path / "exp.previous-zfinal").is_dir()
+
+
+def test_a_run_name_cannot_take_the_suffix_of_earlier_runs():
+    with pytest.raises(SpecError, match=r"name: must not contain '\.previous-'"):
+        parse_job_spec("", ["name=exp.previous-live"])
