@@ -5,8 +5,8 @@ for sm_90 on any machine (no GPU: ``triton.compile`` and the wheel's ``cuobjdump
     PYTHONPATH=/tmp/t36 python benchmarks/attention_fp8_resources.py   # the device's (3.6.0)
 
 (``pip install --no-deps --target /tmp/t36 triton==3.6.0`` gives the H200's compiler here.) It
-compiles the committed forward (``attention_exact_triton._fwd_kernel``, FP8 and BF16 K/V) and
-``attention_fp8_tune._fwd`` (the ``late_v`` variant) at Llama heads (D = 128), with the launch's
+compiles the committed forward (``attention_exact_triton._fwd_kernel``: BF16 K/V, and an FP8
+cache with its ``LATE_V`` switch off and on, the tune sweep's launches) at Llama heads (D = 128), with the launch's
 specialisation (16-byte-divisible pointers and strides), and prints one table. Programs per SM
 are the smaller of the register and the shared-memory bounds of an H100/H200 SM (65,536 registers
 allocated per warp in 256s; 228 KB of shared memory, 1 KB reserved per program). A static count,
@@ -25,7 +25,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).parent))
-from attention_fp8_tune import VARIANTS, _fwd  # this folder
+from attention_fp8_tune import VARIANTS  # this folder
 
 from fp8rl.kernels import attention_exact_triton as att
 
@@ -33,13 +33,14 @@ SM_REGISTERS, SM_SHARED_KB, RESERVED_KB = 65536, 228, 1
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 
-def compile_forward(fn, fp8: bool, stages: int, maxnreg: int | None, late_v: bool | None = None):
-    """Compile ``fn`` (a forward with the committed signature) for sm_90; the CompiledKernel."""
+def compile_forward(fp8: bool, stages: int, maxnreg: int | None, late_v: bool = False):
+    """Compile the committed forward for sm_90 at one launch; the CompiledKernel."""
+    fn = att._fwd_kernel
     kv = "*fp8e4nv" if fp8 else "*bf16"
     pointers = {"Q": "*bf16", "K": kv, "V": kv, "KS": "*fp32", "VS": "*fp32", "OUT": "*bf16"}
     pointers |= {"LSE": "*fp32", "NVIS": "*i32"}
     constants = {"D": 128, "BM": att.BLOCK_M, "BN": att.BLOCK_N}
-    constants |= {"KV_FP8": fp8} if late_v is None else {"LATE_V": late_v}
+    constants |= {"KV_FP8": fp8, "LATE_V": late_v}
     signature = {
         name: pointers.get(name, "constexpr" if name in constants else "i32")
         for name in fn.arg_names
@@ -71,14 +72,14 @@ def programs_per_sm(regs: int, shared_kb: int) -> tuple[int, int]:
 
 
 def main() -> None:
-    rows = [("committed BF16 K/V (trainer)", att._fwd_kernel, False, s, None, None) for s in (2, 3)]
-    rows += [("committed FP8 cache", att._fwd_kernel, True, s, None, None) for s in (2, 3, 4)]
-    rows += [(f"tune late_v={lv}", _fwd, True, st, mr, lv) for lv, st, mr in VARIANTS]
+    rows = [("BF16 K/V (trainer)", False, s, None, False) for s in (2, 3)]
+    rows += [("FP8 cache", True, s, None, False) for s in (2,)]
+    rows += [(f"FP8 cache late_v={lv}", True, st, mr, lv) for lv, st, mr in VARIANTS]
     print(f"Triton {triton.__version__}, sm_90, D = 128, {att.NUM_WARPS} warps\n")
     print("| kernel | stages | maxnreg | regs | spill ops | smem KB | programs/SM (regs, smem) |")
     print("|---|---|---|---|---|---|---|")
-    for name, fn, fp8, stages, maxnreg, late_v in rows:
-        regs, spills, shared = resources(compile_forward(fn, fp8, stages, maxnreg, late_v))
+    for name, fp8, stages, maxnreg, late_v in rows:
+        regs, spills, shared = resources(compile_forward(fp8, stages, maxnreg, late_v))
         by_regs, by_smem = programs_per_sm(regs, shared)
         print(
             f"| {name} | {stages} | {maxnreg or '-'} | {regs} | {spills} | {shared} | "

@@ -19,8 +19,9 @@ over ``kv_round_trip`` keys), which is checked before it is timed:
   stages keep one tile in flight during the compute and 4 keep two).
 
 Prints one table (µs per call from a CUDA graph, % of 4.3 TB/s for the FP8 bytes read, the
-binary's registers / spills / shared memory). ``_fwd`` is a copy of the committed forward with
-the variant switch and the same stores (an experiment: a variant that wins moves into ``attention_exact_triton``).
+binary's registers / spills / shared memory). Every variant is the committed kernel
+(``attention_exact_triton._fwd_kernel``: ``LATE_V`` is its ``FP8_KV_LATE_V`` switch) at another
+launch; the winner becomes ``FP8_KV_LATE_V`` / ``FP8_KV_STAGES`` / ``FP8_KV_MAXNREG`` there.
 Earlier variants, measured slower on 2026-12-04 and dropped here (code at ``a1bb9ab``): a manual
 prefetch of the next tile, and a power-of-two scale folded into the scores
 (``results/issue14/attention-graphs-1204e/call3-fp8-tune.md``).
@@ -32,7 +33,6 @@ from functools import partial
 
 import torch
 import triton
-import triton.language as tl
 from decode_attention import graph_time_us  # this folder (run as a script)
 
 from fp8rl.kernels import attention_exact_triton as att
@@ -42,63 +42,6 @@ H, HKV, D = 32, 8, 128
 HBM = 4.3e12
 
 
-@triton.jit
-def _fwd(
-    Q, K, V, KS, VS, OUT, LSE, NVIS, Lq, Lk, R, G, HKV, qk_scale,
-    sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som,
-    D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, LATE_V: tl.constexpr,
-):  # fmt: skip
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // HKV
-    hk = pid_bh % HKV
-    rows = pid_m * BM + tl.arange(0, BM)
-    row_ok = rows < R
-    head = hk * G + rows // Lq
-    pos = rows % Lq
-    d = tl.arange(0, D)
-    q_off = b.to(tl.int64) * sqb + head.to(tl.int64) * sqh + pos.to(tl.int64) * sqm
-    q = tl.load(Q + q_off[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
-    nvis = tl.minimum(tl.load(NVIS + b * Lq + pos, mask=row_ok, other=0), Lk)
-    hi = tl.max(nvis, 0)
-    k_base = K + b.to(tl.int64) * skb + hk.to(tl.int64) * skh
-    v_base = V + b.to(tl.int64) * svb + hk.to(tl.int64) * svh
-    k_scale = tl.load(KS)
-    v_scale = tl.load(VS)
-    m_i = tl.full([BM], float("-inf"), tl.float32)
-    l_i = tl.zeros([BM], tl.float32)
-    acc = tl.zeros([BM, D], tl.float32)
-    for start in range(0, hi, BN):
-        cols = start + tl.arange(0, BN)
-        col_ok = cols < hi
-        k = tl.load(
-            k_base + cols.to(tl.int64)[:, None] * skn + d[None, :], mask=col_ok[:, None], other=0.0
-        )
-        v = tl.load(
-            v_base + cols.to(tl.int64)[:, None] * svn + d[None, :], mask=col_ok[:, None], other=0.0
-        )
-        k = (k.to(tl.float32) * k_scale).to(q.dtype)
-        if not LATE_V:
-            v = (v.to(tl.float32) * v_scale).to(q.dtype)
-        s = tl.dot(q, tl.trans(k))
-        if LATE_V:
-            v = (v.to(tl.float32) * v_scale).to(q.dtype)
-        s = s * qk_scale
-        s = tl.where(cols[None, :] < nvis[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_new
-    out = acc / l_i[:, None]
-    o_off = b.to(tl.int64) * sob + head.to(tl.int64) * soh + pos.to(tl.int64) * som
-    tl.store(OUT + o_off[:, None] + d[None, :], out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
-    lse_off = (b * HKV * G + head) * Lq + pos  # stored as the committed kernel does (registers)
-    tl.store(LSE + lse_off, m_i + tl.math.log2(l_i), mask=row_ok)
-
-
 def run(q, kc, vc, ks, vs, nvis, late_v, stages, maxnreg, binaries):
     b, h, lq, d = q.shape
     hkv, lk = kc.shape[1], kc.shape[2]
@@ -106,11 +49,11 @@ def run(q, kc, vc, ks, vs, nvis, late_v, stages, maxnreg, binaries):
     out = torch.empty_like(q)
     lse = torch.empty(b, h, lq, dtype=torch.float32, device=q.device)
     cap = {} if maxnreg is None else {"maxnreg": maxnreg}
-    binaries.append(_fwd[(triton.cdiv(g * lq, att.BLOCK_M), b * hkv)](
+    binaries.append(att._fwd_kernel[(triton.cdiv(g * lq, att.BLOCK_M), b * hkv)](
         q, kc, vc, ks, vs, out, lse, nvis, lq, lk, g * lq, g, hkv, d**-0.5 * 1.4426950408889634,
         q.stride(0), q.stride(1), q.stride(2), kc.stride(0), kc.stride(1), kc.stride(2),
         vc.stride(0), vc.stride(1), vc.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        D=d, BM=att.BLOCK_M, BN=att.BLOCK_N, LATE_V=late_v,
+        D=d, BM=att.BLOCK_M, BN=att.BLOCK_N, KV_FP8=True, LATE_V=late_v,
         num_warps=att.NUM_WARPS, num_stages=stages, **cap,
     ))  # fmt: skip
     return out

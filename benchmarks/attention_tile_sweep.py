@@ -47,7 +47,7 @@ def fwd(q, k, v, nvis, bm, bn, warps, stages, ks=None, vs=None):
         d**-0.5 * LOG2E,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        D=d, BM=bm, BN=bn, KV_FP8=fp8, num_warps=warps, num_stages=stages,
+        D=d, BM=bm, BN=bn, KV_FP8=fp8, LATE_V=False, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out, lse
 

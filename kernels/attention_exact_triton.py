@@ -74,6 +74,14 @@ FP8_KV_STAGES = 3
 """Pipeline stages of the forward over an FP8 cache read in place (the engine's binary; the
 stages change no arithmetic). H200, batch 64, 2,176 / 4,160 keys: 142 / 259 µs against 171 / 307
 with 2 stages; batch 256 unchanged (``benchmarks/attention_fp8_tune.py``, 2026-12-04)."""
+FP8_KV_LATE_V = False
+"""Dequantize an FP8 cache's V tile after the Q·Kᵀ product instead of before it (same values,
+bitwise): the BF16 K tile's shared memory is free again when V's is stored, 64 KB a program at 3
+stages instead of 80, but 189 registers (sm_90, Triton 3.6; ``attention_fp8_resources.py``).
+Off until timed on a GPU (``attention_fp8_tune.py``)."""
+FP8_KV_MAXNREG: int | None = None
+"""Register cap (ptxas ``maxnreg``) of the FP8-cache forward; with ``FP8_KV_LATE_V`` at 3 stages,
+168 fits three programs per SM instead of two, without spills in the sm_90 compile."""
 DECODE_STAGES = 3
 """Pipeline stages of a BF16 call with one row tile per KV head (``G·Lq ≤ BLOCK_M``: a decode
 step, a short chunk; the stages change no arithmetic). H200, decode over 448-4,160 keys: 10-16 %
@@ -106,6 +114,7 @@ def _fwd_kernel(
     Q, K, V, KS, VS, OUT, LSE, NVIS, Lq, Lk, R, G, HKV, qk_scale,
     sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som,
     D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, KV_FP8: tl.constexpr,
+    LATE_V: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -140,8 +149,12 @@ def _fwd_kernel(
         )
         if KV_FP8:  # an FP8 cache read in place: kv.kv_dequantize's values, bitwise
             k = (k.to(tl.float32) * k_scale).to(q.dtype)
+            if not LATE_V:
+                v = (v.to(tl.float32) * v_scale).to(q.dtype)
+        s = tl.dot(q, tl.trans(k))
+        if KV_FP8 and LATE_V:  # the same values, computed after Q·Kᵀ (FP8_KV_LATE_V)
             v = (v.to(tl.float32) * v_scale).to(q.dtype)
-        s = tl.dot(q, tl.trans(k)) * qk_scale
+        s = s * qk_scale
         s = tl.where(cols[None, :] < nvis[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.math.exp2(m_i - m_new)
@@ -298,12 +311,14 @@ def _forward(
     elif bf16 and r <= BLOCK_M and d <= 128:  # 3 stages of 256-wide tiles overflow smem
         stages = DECODE_STAGES
     grid = (triton.cdiv(r, bm), b * hkv)
+    cap = {"maxnreg": FP8_KV_MAXNREG} if fp8 and FP8_KV_MAXNREG else {}
     _fwd_kernel[grid](
         q, k, v, k_scale if fp8 else q, v_scale if fp8 else q, out, lse, nvis, lq, lk, r, g, hkv,
         scale * _LOG2E,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        D=d, BM=bm, BN=BLOCK_N, KV_FP8=fp8, num_warps=NUM_WARPS, num_stages=stages,
+        D=d, BM=bm, BN=BLOCK_N, KV_FP8=fp8, LATE_V=fp8 and FP8_KV_LATE_V,
+        num_warps=NUM_WARPS, num_stages=stages, **cap,
     )  # fmt: skip
     return out, lse
 

@@ -276,14 +276,20 @@ def find_checkpoint(location: Path, *, step: int | None = None) -> Path:
     Checkpoints passed over are logged with their reason.
 
     Raises:
-        CheckpointError: nothing there (the message lists the steps that exist), or only
-            unhealthy checkpoints (a user error: exit code 2).
+        CheckpointError: nothing there (the message lists the steps that exist), only
+            unhealthy checkpoints, or a checkpoint moved aside as ``step_<N>.unverified-*``
+            (a user error: exit code 2).
         CheckpointCorruptError: the named checkpoint, or every candidate, fails verification.
     """
     location = Path(location).expanduser()
     if not location.exists():
         raise CheckpointError(f"no complete checkpoint under {location}: it does not exist")
     if step is None and (step_of(location) is not None or (location / META).is_file()):
+        if UNVERIFIED in location.name:
+            raise CheckpointError(
+                f"{location} was moved aside for failing verification; it is never resumed "
+                "from. If its files were restored, rename it back to step_<N> first"
+            )
         verify_checkpoint(location)
         return location
     root = location / CHECKPOINTS if (location / CHECKPOINTS).is_dir() else location

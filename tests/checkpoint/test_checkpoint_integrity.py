@@ -383,3 +383,14 @@ def test_fp8rl_export_of_a_missing_or_malformed_checkpoint_exits_2(tmp_path, mak
     assert result.exit_code == 2, result.output
     assert "export failed" in result.output
     assert not (tmp_path / "x").exists()
+
+
+def test_a_named_checkpoint_moved_aside_is_refused_and_a_renamed_one_is_corrupt(tmp_path):
+    root = tmp_path / "checkpoints"
+    aside = save(root, 1).rename(root / "step_1.unverified-20261205-101500")
+    with pytest.raises(CheckpointError, match="moved aside for failing verification"):
+        find_checkpoint(aside)  # even though its files verify now
+    renamed = save(root, 2).rename(root / "step_7")
+    with pytest.raises(CheckpointCorruptError, match="records step 2"):
+        find_checkpoint(renamed)
+    assert find_checkpoint(save(root, 3)) == root / "step_3"

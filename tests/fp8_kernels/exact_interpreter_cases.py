@@ -10,6 +10,7 @@ from fp8rl.kernels import attention_exact_triton as att
 from fp8rl.kernels import dense_exact_triton as dense
 from fp8rl.kernels import logprob_triton as rows
 from fp8rl.kernels.invariant import attention_mask
+from fp8rl.kernels.kv import kv_dequantize, kv_quantize
 
 DT = torch.float16  # the interpreter's numpy has no bfloat16 dot
 
@@ -58,6 +59,21 @@ def attention_cases() -> None:
     grads_in = torch.autograd.grad(outs[1].float().sum(), (qs, kk, vv))
     clamp = torch.equal(*outs) and all(map(torch.equal, grads, grads_in))
     print(f"attn_clamp same={clamp}")
+    # an FP8 cache read in place, V dequantized before or after Q·Kᵀ (FP8_KV_LATE_V): the rows
+    # of the trainer's kernel over the round-tripped keys, bitwise
+    ks, vs = torch.tensor(0.0123), torch.tensor(0.0087)
+    kq, vq = kv_quantize(k * 8, ks), kv_quantize(v * 8, vs)
+    last = nvis[:, -1:]
+    trainer = att.exact_attention(
+        q[:, :, -1:], kv_dequantize(kq, ks, DT), kv_dequantize(vq, vs, DT), last, scale=d**-0.5
+    )
+    for late in (False, True):
+        att.FP8_KV_LATE_V = late
+        cache = att.exact_attention(
+            q[:, :, -1:], kq, vq, last, scale=d**-0.5, k_scale=ks, v_scale=vs
+        )
+        print(f"attn_fp8_cache_late_v_{late} same={torch.equal(cache, trainer)}")
+    att.FP8_KV_LATE_V = False
     g = torch.randn_like(out)
     (out.float() * g.float()).sum().backward()
     ref_ins = [t.double().requires_grad_() for t in (q, k, v)]

@@ -40,6 +40,13 @@ def test_visible_counts_past_the_keys_given_act_as_the_keys_given(fields):
     assert fields["attn_clamp"]["same"] == "True"
 
 
+@pytest.mark.parametrize("late_v", [False, True])
+def test_an_fp8_cache_read_in_place_gives_the_trainers_rows_with_v_dequantized_early_or_late(
+    fields, late_v
+):
+    assert fields[f"attn_fp8_cache_late_v_{late_v}"]["same"] == "True"
+
+
 @pytest.mark.parametrize("grad", ["attn_dq", "attn_dk", "attn_dv"])
 def test_attention_gradients_are_close_to_float64(fields, grad):
     assert float(fields[grad]["rel"]) < 5e-3
