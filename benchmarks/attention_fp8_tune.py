@@ -29,6 +29,7 @@ prefetch of the next tile, and a power-of-two scale folded into the scores
 
 from __future__ import annotations
 
+import argparse
 from functools import partial
 
 import torch
@@ -77,11 +78,27 @@ def committed(q, kc, vc, ks, vs, nvis):
     return att.exact_attention(q, kc, vc, nvis, scale=D**-0.5, k_scale=ks, v_scale=vs)
 
 
+SHAPES = [(64, 448), (64, 2176), (64, 4160), (256, 448), (256, 2176)]  # (batch, keys)
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        default=[f"{b}x{k}" for b, k in SHAPES],
+        help="batch x keys, e.g. 64x4160",
+    )
+    parser.add_argument(
+        "--variants", nargs="+", type=int, help="indices into VARIANTS (default: all)"
+    )
+    args = parser.parse_args()
+    shapes = [tuple(map(int, s.split("x"))) for s in args.shapes]
+    variants = VARIANTS if args.variants is None else [VARIANTS[i] for i in args.variants]
     torch.manual_seed(0)
     lines = ["| batch | keys | variant | µs | % HBM (FP8 bytes) | regs / spills / smem KB | bitwise vs trainer |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for batch, keys in [(64, 448), (64, 2176), (64, 4160), (256, 448), (256, 2176)]:
+    for batch, keys in shapes:
         cap = -(-keys // 128) * 128
         q = torch.randn(batch, H, 1, D, device="cuda").bfloat16()
         k = torch.randn(batch, HKV, cap, D, device="cuda").bfloat16()
@@ -93,7 +110,7 @@ def main() -> None:
         # the trainer's path: the committed BF16 kernel over the round-tripped keys
         ref = att.exact_attention(q, kv_round_trip(k, ks, q.dtype), kv_round_trip(v, vs, q.dtype), nvis, scale=D**-0.5)  # fmt: skip
         cases = [("committed", None)] + [
-            (f"late_v={lv} stages={st} maxnreg={mr}", (lv, st, mr)) for lv, st, mr in VARIANTS
+            (f"late_v={lv} stages={st} maxnreg={mr}", (lv, st, mr)) for lv, st, mr in variants
         ]
         for name, cfg in cases:
             args, binaries = (q, kc, vc, ks, vs, nvis), []
