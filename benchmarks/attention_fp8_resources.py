@@ -33,7 +33,9 @@ SM_REGISTERS, SM_SHARED_KB, RESERVED_KB = 65536, 228, 1
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 
-def compile_forward(fp8: bool, stages: int, maxnreg: int | None, late_v: bool = False):
+def compile_forward(
+    fp8: bool, stages: int, maxnreg: int | None, late_v: bool = False, warps: int = att.NUM_WARPS
+):
     """Compile the committed forward for sm_90 at one launch; the CompiledKernel."""
     fn = att._fwd_kernel
     kv = "*fp8e4nv" if fp8 else "*bf16"
@@ -48,7 +50,7 @@ def compile_forward(fp8: bool, stages: int, maxnreg: int | None, late_v: bool = 
     signature["qk_scale"] = "fp32"
     aligned = [n for n in fn.arg_names if n in pointers or n.startswith("s")]  # strides: s…
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    options = {"num_warps": att.NUM_WARPS, "num_stages": stages}
+    options = {"num_warps": warps, "num_stages": stages}
     options |= {} if maxnreg is None else {"maxnreg": maxnreg}
     source = ASTSource(fn, signature, constants, attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
@@ -65,24 +67,26 @@ def resources(kernel) -> tuple[int, int, int]:
     return regs, spills, kernel.metadata.shared // 1024
 
 
-def programs_per_sm(regs: int, shared_kb: int) -> tuple[int, int]:
-    """(by registers, by shared memory) for 4-warp programs on an H100/H200 SM."""
+def programs_per_sm(regs: int, shared_kb: int, warps: int) -> tuple[int, int]:
+    """(by registers, by shared memory) for ``warps``-warp programs on an H100/H200 SM."""
     per_warp = -(-regs * 32 // 256) * 256
-    return SM_REGISTERS // (per_warp * att.NUM_WARPS), SM_SHARED_KB // (shared_kb + RESERVED_KB)
+    return SM_REGISTERS // (per_warp * warps), SM_SHARED_KB // (shared_kb + RESERVED_KB)
 
 
 def main() -> None:
-    rows = [("BF16 K/V (trainer)", False, s, None, False) for s in (2, 3)]
-    rows += [("FP8 cache", True, s, None, False) for s in (2,)]
-    rows += [(f"FP8 cache late_v={lv}", True, st, mr, lv) for lv, st, mr in VARIANTS]
-    print(f"Triton {triton.__version__}, sm_90, D = 128, {att.NUM_WARPS} warps\n")
-    print("| kernel | stages | maxnreg | regs | spill ops | smem KB | programs/SM (regs, smem) |")
-    print("|---|---|---|---|---|---|---|")
-    for name, fp8, stages, maxnreg, late_v in rows:
-        regs, spills, shared = resources(compile_forward(fp8, stages, maxnreg, late_v))
-        by_regs, by_smem = programs_per_sm(regs, shared)
+    rows = [("BF16 K/V (trainer)", False, s, None, False, att.NUM_WARPS) for s in (2, 3)]
+    rows += [("FP8 cache", True, 2, None, False, att.NUM_WARPS)]
+    rows += [(f"FP8 cache late_v={lv}", True, st, mr, lv, w) for lv, st, mr, w in VARIANTS]
+    print(f"Triton {triton.__version__}, sm_90, D = 128\n")
+    print(
+        "| kernel | warps | stages | maxnreg | regs | spill ops | smem KB | programs/SM (regs, smem) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for name, fp8, stages, maxnreg, late_v, warps in rows:
+        regs, spills, shared = resources(compile_forward(fp8, stages, maxnreg, late_v, warps))
+        by_regs, by_smem = programs_per_sm(regs, shared, warps)
         print(
-            f"| {name} | {stages} | {maxnreg or '-'} | {regs} | {spills} | {shared} | "
+            f"| {name} | {warps} | {stages} | {maxnreg or '-'} | {regs} | {spills} | {shared} | "
             f"**{min(by_regs, by_smem)}** ({by_regs}, {by_smem}) |"
         )
 

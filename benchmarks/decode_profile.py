@@ -23,15 +23,21 @@ from fp8rl.workers.model.config import PRESETS
 from fp8rl.workers.model.decoder import KVCache
 
 
-def profile_mode(cfg, mode: str, batch: int, context: int, steps: int, top: int) -> str:
-    model = build(cfg, mode, context + steps + 8, "cuda", kv_fp8=False, exact=False)
+def profile_mode(
+    cfg, mode: str, batch: int, context: int, steps: int, top: int, kv_fp8: bool = False
+) -> str:
+    model = build(cfg, mode, context + steps + 8, "cuda", kv_fp8=kv_fp8, exact=False)
     with torch.inference_mode():
-        return _profile(model, cfg, mode, batch, context, steps, top)
+        return _profile(model, cfg, mode, batch, context, steps, top, kv_fp8)
 
 
-def _profile(model, cfg, mode: str, batch: int, context: int, steps: int, top: int) -> str:
+def _profile(
+    model, cfg, mode: str, batch: int, context: int, steps: int, top: int, kv_fp8: bool
+) -> str:
     cap = -(-(context + steps) // 128) * 128
-    cache = KVCache.allocate(cfg, batch=batch, capacity=cap, dtype=torch.bfloat16, device="cuda")
+    cache = KVCache.allocate(
+        cfg, batch=batch, capacity=cap, dtype=torch.bfloat16, device="cuda", kv_fp8=kv_fp8
+    )
     ids = torch.randint(0, cfg.vocab_size, (batch, context), device="cuda")
     pos = torch.arange(context, device="cuda").expand(batch, context)
     model(ids, pos, torch.full((batch,), context, device="cuda"), cache)
@@ -57,7 +63,8 @@ def _profile(model, cfg, mode: str, batch: int, context: int, steps: int, top: i
     events.sort(key=lambda e: e.device_time_total, reverse=True)
     total = sum(e.device_time_total for e in events) / steps
     lines = [
-        f"### {mode}: {total:,.0f} µs of kernels per step ({cfg.num_hidden_layers} layers, "
+        f"### {mode}, {'FP8' if kv_fp8 else 'BF16'} KV: {total:,.0f} µs of kernels per step "
+        f"({cfg.num_hidden_layers} layers, "
         f"batch {batch}, context {context})",
         "",
         "| kernel | µs/step | calls/step | share |",
@@ -79,12 +86,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--top", type=int, default=14)
     parser.add_argument("--modes", nargs="+", default=["bf16", "unified_fp8"])
+    parser.add_argument("--kv", default="bf16", choices=["bf16", "fp8"], help="KV cache dtype")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     cfg = dataclasses.replace(PRESETS[args.preset], num_hidden_layers=args.layers)
     tables = []
     for mode in args.modes:
-        tables.append(profile_mode(cfg, mode, args.batch, args.context, args.steps, args.top))
+        tables.append(
+            profile_mode(
+                cfg, mode, args.batch, args.context, args.steps, args.top, args.kv == "fp8"
+            )
+        )
         torch.cuda.empty_cache()
     text = "\n\n".join(tables)
     print(text)

@@ -17,7 +17,8 @@ output bits depend only on that row's query, the keys/values it can see and the 
   registers as ``(code · scale)`` in float32 rounded to the query dtype, bitwise
   ``kv.kv_dequantize`` and the trainer's ``kv_round_trip``, then the same arithmetic follows.
   The tile has to pass through registers into shared memory for the BF16 ``tl.dot``, which
-  holds this path to ~40-50 % of HBM bandwidth on FP8 bytes (the BF16 path: 63-89 %).
+  holds this path to ~40-53 % of HBM bandwidth on FP8 bytes (the BF16 path: 63-89 %); V is
+  dequantized after Q·Kᵀ under a register cap (``FP8_KV_LATE_V``, ``FP8_KV_MAXNREG``).
 * **Decode tiles** (opt-in: ``decode_tiles``, fast mode's ``set_fast_attention("triton_decode16")``).
   A decode call (Lq = 1) over a BF16 K/V with at most ``DECODE_BLOCK_M`` query heads per KV head
   may run 16-row tiles (mma.sync) instead of 64-row ones (wgmma), with the same ``BLOCK_N``, key
@@ -74,12 +75,15 @@ FP8_KV_STAGES = 3
 """Pipeline stages of the forward over an FP8 cache read in place (the engine's binary; the
 stages change no arithmetic). H200, batch 64, 2,176 / 4,160 keys: 142 / 259 µs against 171 / 307
 with 2 stages; batch 256 unchanged (``benchmarks/attention_fp8_tune.py``, 2026-12-04)."""
-FP8_KV_LATE_V = False
+FP8_KV_LATE_V = True
 """Dequantize an FP8 cache's V tile after the Q·Kᵀ product instead of before it (same values,
 bitwise): the BF16 K tile's shared memory is free again when V's is stored, 64 KB a program at 3
 stages instead of 80, but 189 registers (sm_90, Triton 3.6; ``attention_fp8_resources.py``).
-Off until timed on a GPU (``attention_fp8_tune.py``)."""
-FP8_KV_MAXNREG: int | None = None
+With ``FP8_KV_MAXNREG`` 168: three programs per SM instead of two. H100, 2026-12-05
+(``attention_fp8_tune.py``): 64 × 4,160 keys 254 µs against 263, 256 × 2,176 504 against 539,
+64 × 2,176 137 against 141; in a 16-layer decode at gen 4,096, batch 64, no change beyond
+noise (13,067 against 13,138 tok/s). The GPU tests that read an FP8 cache pass with it."""
+FP8_KV_MAXNREG: int | None = 168
 """Register cap (ptxas ``maxnreg``) of the FP8-cache forward; with ``FP8_KV_LATE_V`` at 3 stages,
 168 fits three programs per SM instead of two, without spills in the sm_90 compile."""
 DECODE_STAGES = 3

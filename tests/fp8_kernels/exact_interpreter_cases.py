@@ -67,13 +67,14 @@ def attention_cases() -> None:
     trainer = att.exact_attention(
         q[:, :, -1:], kv_dequantize(kq, ks, DT), kv_dequantize(vq, vs, DT), last, scale=d**-0.5
     )
+    default = att.FP8_KV_LATE_V
     for late in (False, True):
         att.FP8_KV_LATE_V = late
         cache = att.exact_attention(
             q[:, :, -1:], kq, vq, last, scale=d**-0.5, k_scale=ks, v_scale=vs
         )
         print(f"attn_fp8_cache_late_v_{late} same={torch.equal(cache, trainer)}")
-    att.FP8_KV_LATE_V = False
+    att.FP8_KV_LATE_V = default
     g = torch.randn_like(out)
     (out.float() * g.float()).sum().backward()
     ref_ins = [t.double().requires_grad_() for t in (q, k, v)]
