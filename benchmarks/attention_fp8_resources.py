@@ -76,7 +76,7 @@ def programs_per_sm(regs: int, shared_kb: int, warps: int) -> tuple[int, int]:
 def main() -> None:
     rows = [("BF16 K/V (trainer)", False, s, None, False, att.NUM_WARPS) for s in (2, 3)]
     rows += [("FP8 cache", True, 2, None, False, att.NUM_WARPS)]
-    rows += [(f"FP8 cache late_v={lv}", True, st, mr, lv, w) for lv, st, mr, w in VARIANTS]
+    rows += [(f"FP8 cache late_v={lv}", True, st, mr, lv, att.NUM_WARPS) for lv, st, mr in VARIANTS]
     print(f"Triton {triton.__version__}, sm_90, D = 128\n")
     print(
         "| kernel | warps | stages | maxnreg | regs | spill ops | smem KB | programs/SM (regs, smem) |"

@@ -81,8 +81,9 @@ bitwise): the BF16 K tile's shared memory is free again when V's is stored, 64 K
 stages instead of 80, but 189 registers (sm_90, Triton 3.6; ``attention_fp8_resources.py``).
 With ``FP8_KV_MAXNREG`` 168: three programs per SM instead of two. H100, 2026-12-05
 (``attention_fp8_tune.py``): 64 × 4,160 keys 254 µs against 263, 256 × 2,176 504 against 539,
-64 × 2,176 137 against 141; in a 16-layer decode at gen 4,096, batch 64, no change beyond
-noise (13,067 against 13,138 tok/s). The GPU tests that read an FP8 cache pass with it."""
+64 × 2,176 137 against 141 (one binary timed twice differed by 4 %); in a 16-layer decode at gen
+4,096, batch 64, no change beyond noise (13,067 against 13,138 tok/s). The GPU tests that read
+an FP8 cache pass with it."""
 FP8_KV_MAXNREG: int | None = 168
 """Register cap (ptxas ``maxnreg``) of the FP8-cache forward; with ``FP8_KV_LATE_V`` at 3 stages,
 168 fits three programs per SM instead of two, without spills in the sm_90 compile."""
