@@ -132,6 +132,13 @@ def resume_problems(resume: str) -> list[str]:
         return []
     path = Path(resume).expanduser()
     if path.exists():
+        from fp8rl.services.checkpoint_manifest import UNVERIFIED
+
+        if UNVERIFIED in path.name:
+            return [
+                f"checkpoint.resume: {resume!r} was moved aside for failing verification and is "
+                "never resumed from; if its files were restored, rename it back to step_<N>"
+            ]
         if _holds_checkpoint(path):
             return []
         return [

@@ -43,6 +43,11 @@ def test_resume_accepts_its_keywords_and_existing_checkpoints_only(tmp_path):
     assert resume_problems(str(tmp_path / "step_2")) == resume_problems(str(tmp_path)) == []
     (problem,) = resume_problems(str(tmp_path / "nope"))
     assert problem.startswith("checkpoint.resume: ") and "existing checkpoint path" in problem
+    aside = tmp_path / "step_1.unverified-20261205-101500"
+    aside.mkdir()
+    (aside / "meta.json").write_text("{}")
+    (problem,) = resume_problems(str(aside))
+    assert "moved aside for failing verification" in problem
 
 
 def test_override_errors_name_the_override_not_the_spec_file(tmp_path):
