@@ -218,7 +218,7 @@ def apply_override(data: dict[str, Any], item: str) -> None:
             node = _list_item(node, part, where)
             continue
         if not isinstance(node, dict):
-            raise SpecError([f"{where}: cannot set a field inside a {type(node).__name__}"])
+            raise _not_a_section(key, ".".join(parts[:depth]), node)
         child = node.get(part)
         if child is None:
             child = node[part] = {}
@@ -229,7 +229,12 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     elif isinstance(node, dict):
         node[last] = value
     else:
-        raise SpecError([f"{key}: cannot set a field inside a {type(node).__name__}"])
+        raise _not_a_section(key, ".".join(parts[:-1]), node)
+
+
+def _not_a_section(key: str, parent: str, value: Any) -> SpecError:
+    """``rollout.n.x=3``: ``rollout.n`` holds a value, so nothing can be set inside it."""
+    return SpecError([f"{key}: {parent} is a value ({value!r}), not a section with fields"])
 
 
 def _index(part: str, where: str, length: int) -> int:

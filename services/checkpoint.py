@@ -103,6 +103,7 @@ from fp8rl.services.checkpoint_manifest import (
     warn_skipped,
 )
 from fp8rl.services.checkpoint_verify import CheckpointCorruptError, hash_directory
+from fp8rl.workers.trainer.dcp_state import single_process_io
 
 log = logging.getLogger(__name__)
 
@@ -352,7 +353,8 @@ def _consolidate(directory: Path) -> dict[str, torch.Tensor]:
         for key, item in reader.read_metadata().state_dict_metadata.items()
         if key.startswith("model.") and isinstance(item, TensorStorageMetadata)
     }
-    dcp.load({"model": state}, storage_reader=reader, no_dist=True)
+    with single_process_io():
+        dcp.load({"model": state}, storage_reader=reader, no_dist=True)
     return state
 
 
@@ -363,7 +365,8 @@ def write_model_shards(directory: Path, weights: dict[str, torch.Tensor]) -> lis
     import torch.distributed.checkpoint as dcp
 
     target = directory / TRAINER_DIR
-    dcp.save({"model": dict(weights)}, checkpoint_id=target, no_dist=True)
+    with single_process_io():
+        dcp.save({"model": dict(weights)}, checkpoint_id=target, no_dist=True)
     return [str(p.relative_to(directory)) for p in sorted(target.iterdir()) if p.is_file()]
 
 

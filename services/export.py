@@ -72,6 +72,8 @@ ExportFormat = Literal["hf-bf16", "hf-fp8"]
 FORMATS: tuple[str, ...] = ("hf-bf16", "hf-fp8")
 MAX_SHARD_BYTES = 5 * 2**30
 """Shard size of exported safetensors (the Hugging Face ``save_pretrained`` default, 5 GB)."""
+EXPORT_MARKER = "fp8rl_export.json"
+"""Provenance file of an export; a directory holding it may be replaced by a new export."""
 
 
 def fp8_linear_names(
@@ -158,11 +160,13 @@ def export_checkpoint(
 
     Args:
         fmt: ``hf-bf16`` or ``hf-fp8``. step: that step's checkpoint (default: latest).
-        out: target directory (default ``<run_dir>/exports/<fmt>-step_<N>``); replaced if present.
+        out: target directory (default ``<run_dir>/exports/<fmt>-step_<N>``). A previous export
+            there (it has ``fp8rl_export.json``) or an empty directory is replaced; anything else
+            is refused (``check_export_target``).
     Returns the export directory.
     Raises:
         CheckpointError: no checkpoint there. CheckpointCorruptError: it fails verification.
-        ValueError: unknown format.
+        ValueError: unknown format; ``out`` is not a place an export may go (nothing written).
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; choose one of {FORMATS}")
@@ -174,7 +178,8 @@ def export_checkpoint(
     if out is None:
         run_dir = checkpoint.parent.parent if checkpoint.parent.name == CHECKPOINTS else checkpoint
         out = run_dir / "exports" / f"{fmt}-step_{meta.step}"
-    out = Path(out).expanduser()
+    out = Path(out).expanduser().resolve()
+    check_export_target(out, checkpoint)
     log.info("exporting %s as %s to %s", checkpoint, fmt, out)
     tensors, quantization, partial_codes = export_tensors(
         read_model_weights(checkpoint, checksums=False),
@@ -220,7 +225,7 @@ def export_checkpoint(
             "precision_mode": meta.precision_mode,
             "model_path": meta.model_path,
         }
-        (tmp / "fp8rl_export.json").write_text(json.dumps(provenance, indent=2) + "\n")
+        (tmp / EXPORT_MARKER).write_text(json.dumps(provenance, indent=2) + "\n")
         apply_umask(tmp)  # safetensors writes 0600: others (a vLLM service) must read it
         if out.exists():
             shutil.rmtree(out)
@@ -230,6 +235,31 @@ def export_checkpoint(
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     log.info("exported %s (%.1f MB in %.1f s)", out, size / 2**20, time.perf_counter() - start)
     return out
+
+
+def check_export_target(out: Path, checkpoint: Path) -> None:
+    """Refuse an export directory whose replacement would lose data, before any work is done.
+
+    ``out`` (resolved) may be new, an empty directory or a previous export (it holds
+    ``fp8rl_export.json``); those are replaced. Refused with ``ValueError``: a file, any other
+    non-empty directory (a run directory, the current directory, a user's folder), the checkpoint
+    itself, a directory holding it, or a place inside it.
+    """
+    checkpoint = checkpoint.resolve()
+    if out == checkpoint or out in checkpoint.parents or checkpoint in out.parents:
+        raise ValueError(
+            f"--out {out} would replace or write into the checkpoint {checkpoint}: "
+            "choose a directory outside it"
+        )
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a directory")
+    if any(out.iterdir()) and not (out / EXPORT_MARKER).is_file():
+        raise ValueError(
+            f"--out {out} is a non-empty directory that is not an fp8rl export (no "
+            f"{EXPORT_MARKER}); it would be replaced: choose a new directory or remove it first"
+        )
 
 
 def write_safetensors(

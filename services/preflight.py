@@ -140,7 +140,7 @@ def resume_problems(resume: str) -> list[str]:
                 "never resumed from; if its files were restored, rename it back to step_<N>"
             ]
         if _holds_checkpoint(path):
-            return []
+            return _resume_size_problems(resume, path)
         return [
             f"checkpoint.resume: {resume!r} exists but is not a checkpoint: name a step_<N> "
             "checkpoint, or a run or checkpoints directory that holds one (or use auto / never)"
@@ -148,9 +148,39 @@ def resume_problems(resume: str) -> list[str]:
     hint = difflib.get_close_matches(resume.lower(), RESUME_KEYWORDS, n=1, cutoff=0.5)
     return [
         f"checkpoint.resume: {resume!r} is neither {' nor '.join(RESUME_KEYWORDS)} nor an existing "
-        f"checkpoint path (relative paths are from {Path.cwd()})"
-        + (f" — did you mean {hint[0]}?" if hint else "")
+        f"checkpoint path{_relative_note(path)}" + (f" — did you mean {hint[0]}?" if hint else "")
     ]
+
+
+def _resume_size_problems(resume: str, path: Path) -> list[str]:
+    """The checkpoint ``checkpoint.resume`` names, or the one a run/checkpoints directory would
+    resume from, passes the size check of its manifest (``verify_checkpoint(checksums=False)``:
+    cheap, no hashing; the run itself verifies every sha256 before loading)."""
+    from fp8rl.services.checkpoint_manifest import (
+        CHECKPOINTS,
+        META,
+        CheckpointCorruptError,
+        select_checkpoint,
+        step_of,
+        verify_checkpoint,
+    )
+
+    if step_of(path) is not None or (path / META).is_file():
+        try:
+            verify_checkpoint(path, checksums=False)
+        except CheckpointCorruptError as error:
+            return [
+                f"checkpoint.resume: {resume!r} fails verification, never resumed from: {error}"
+            ]
+        return []
+    root = path / CHECKPOINTS if (path / CHECKPOINTS).is_dir() else path
+    chosen, skipped = select_checkpoint(root, checksums=False)
+    if chosen is None:
+        reasons = "; ".join(f"{s.path.name}: {s.reason}" for s in skipped)
+        return [
+            f"checkpoint.resume: {resume!r} holds no checkpoint that passes verification ({reasons})"
+        ]
+    return []
 
 
 def _holds_checkpoint(path: Path) -> bool:
@@ -186,11 +216,7 @@ def output_dir_problems(output_dir: str) -> list[str]:
 def local_problems(job: JobSpec) -> list[str]:
     """Files, extras and reward functions on this machine."""
     out = resume_problems(job.checkpoint.resume) + output_dir_problems(job.output_dir)
-    kind, _, _ = job.model.path.partition(":")
-    if kind not in ("builtin", "random") and not Path(job.model.path).expanduser().exists():
-        out.append(
-            f"model.path: {job.model.path} does not exist (a Hugging Face directory or a .gguf file)"
-        )
+    out += model_path_problems(job.model.path)
     out += dataset_problems(job)
     if job.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
         out.append(
@@ -220,6 +246,31 @@ def local_problems(job: JobSpec) -> list[str]:
     return out
 
 
+def model_path_problems(model_path: str) -> list[str]:
+    """A local ``model.path`` must be what ``resolve_model`` loads: a directory with a
+    ``config.json`` (Hugging Face layout) or a ``.gguf`` file (``builtin:`` and ``random:``
+    names are checked when the model is built)."""
+    kind, _, _ = model_path.partition(":")
+    if kind in ("builtin", "random"):
+        return []
+    path = Path(model_path).expanduser()
+    if not path.exists():
+        return [
+            f"model.path: {model_path} does not exist{_relative_note(path)}: name a Hugging Face "
+            "model directory or a .gguf file"
+        ]
+    if path.is_dir() and not (path / "config.json").is_file():
+        return [f"model.path: {model_path} has no config.json: not a Hugging Face model directory"]
+    if path.is_file() and path.suffix != ".gguf":
+        return [f"model.path: {model_path} is a file but not a .gguf; name a model directory"]
+    return []
+
+
+def _relative_note(path: Path) -> str:
+    """`` (relative paths are from <cwd>)`` for a relative path, nothing for an absolute one."""
+    return "" if path.is_absolute() else f" (relative paths are from {Path.cwd()})"
+
+
 def dataset_problems(job: JobSpec) -> list[str]:
     """Dataset files of ``data.train`` and ``eval.datasets`` on this machine: each exists and its
     first records (``probe_file_dataset``: a few rows, never the whole file) are JSON objects
@@ -234,8 +285,7 @@ def dataset_problems(job: JobSpec) -> list[str]:
             continue
         if not Path(spec.path).expanduser().exists():
             out.append(
-                f"{where}.path: {spec.path} does not exist (relative paths are from the "
-                f"current directory {Path.cwd()})"
+                f"{where}.path: {spec.path} does not exist{_relative_note(Path(spec.path).expanduser())}"
             )
             continue
         try:

@@ -471,15 +471,23 @@ def render_html(data: RunData, images: list[Path]) -> str:
     return "\n".join(parts)
 
 
+class ReportTargetError(OSError):
+    """The report's output directory cannot be created or written."""
+
+
 def write_report(run_dir: Path, *, out: Path | None = None) -> Path:
     """Render every plot and the Markdown/HTML summary; return the report directory.
 
     Default ``out``: ``<run_dir>/report``. Raises ``FileNotFoundError`` when ``run_dir`` has no
-    ``metrics.jsonl`` or no step ran (nothing is written then).
+    ``metrics.jsonl`` or no step ran (nothing is written then), ``ReportTargetError`` (an
+    ``OSError``) when ``out`` cannot be made a directory (a file there, no permission).
     """
     data = RunData(Path(run_dir))
     out = Path(out) if out else data.run_dir / "report"
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a file in the way, a read-only or missing mount
+        raise ReportTargetError(f"cannot write the report to {out}: {error.strerror}") from None
     images = []
     for name, plot in PLOTS.items():
         images.append(plot(data, out / name))

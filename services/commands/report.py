@@ -19,14 +19,19 @@ def report(
     """Write a run's report.md and a self-contained report.html.
 
     Plots reward, validation accuracy, response length, mismatch (over steps and positions),
-    time per phase and tokens/s.
+    time per phase and tokens/s. Exit code 2 when RUN_DIR is not a run with a finished step, 1
+    when the report cannot be written to --out.
     """
-    from fp8rl.services.report import write_report
+    from fp8rl.services.report import ReportTargetError, write_report
 
     try:
         path = write_report(run_dir, out=out)
-    except FileNotFoundError as error:
+    except ReportTargetError as error:  # where it writes: exit 1, as `export` does
+        raise fail(f"report failed: {error}", code=1) from None
+    except FileNotFoundError as error:  # the run: exit 2
         raise fail(f"report failed: {error}") from None
+    except OSError as error:  # writing a plot or page (disk full, permissions)
+        raise fail(f"report failed: {error}", code=1) from None
     typer.echo(f"{path / 'report.html'}")
 
 

@@ -394,3 +394,23 @@ def test_a_named_checkpoint_moved_aside_is_refused_and_a_renamed_one_is_corrupt(
     with pytest.raises(CheckpointCorruptError, match="records step 2"):
         find_checkpoint(renamed)
     assert find_checkpoint(save(root, 3)) == root / "step_3"
+
+
+def test_validate_refuses_a_resume_target_whose_sizes_fail_and_leaves_hashing_to_the_run(tmp_path):
+    from fp8rl.services.preflight import resume_problems
+
+    root = tmp_path / "run" / "checkpoints"
+    good, cut, flipped = save(root, 1), save(root, 2), save(tmp_path / "other", 3)
+    truncate(cut)
+    flip_byte(flipped)  # same size: only the run's sha256 check sees it
+    assert resume_problems(str(good)) == []
+    (problem,) = resume_problems(str(cut))
+    assert problem.startswith(f"checkpoint.resume: '{cut}' fails verification") and (
+        MODEL_FILE in problem
+    )
+    assert resume_problems(str(root.parent)) == []  # the run resumes from step_1, intact
+    assert resume_problems(str(flipped)) == []
+    truncate(good)
+    (problem,) = resume_problems(str(root.parent))
+    assert "holds no checkpoint that passes verification" in problem
+    assert "step_2: " in problem and "step_1: " in problem

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from pathlib import Path
 
 import pytest
 import torch
@@ -166,6 +167,33 @@ def test_export_errors_are_one_line_for_people(tiny_run, tmp_path):
     assert unwritable.exit_code == 1 and f"cannot write the export to {blocked / 'e'}" in (
         unwritable.output
     )
+
+
+def test_export_never_replaces_a_directory_that_is_not_a_previous_export(
+    tiny_run, tmp_path, monkeypatch
+):
+    run_dir, *_ = tiny_run
+    precious = tmp_path / "mine"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep")
+    monkeypatch.chdir(precious)
+    before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
+    for target, reason in (
+        (run_dir, "would replace or write into the checkpoint"),  # the run itself
+        (run_dir / "checkpoints" / "step_2" / "e", "would replace or write into the checkpoint"),
+        (precious, "not an fp8rl export"),
+        (Path("."), "not an fp8rl export"),  # the current directory
+        (precious / "notes.txt", "is not a directory"),
+    ):
+        result = CliRunner().invoke(app, ["export", str(run_dir), "--out", str(target)])
+        assert result.exit_code == 2 and reason in result.output, (target, result.output)
+    assert (precious / "notes.txt").read_text() == "keep"
+    assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before
+    again = tmp_path / "export"
+    for fmt in ("hf-bf16", "hf-fp8"):  # a previous export is replaced
+        result = CliRunner().invoke(app, ["export", str(run_dir), "-f", fmt, "--out", str(again)])
+        assert result.exit_code == 0, result.output
+        assert json.loads((again / "fp8rl_export.json").read_text())["format"] == fmt
 
 
 def test_large_exports_are_sharded_with_an_index_our_loader_reads(tiny_run, tmp_path):

@@ -108,6 +108,24 @@ def test_missing_model_and_dataset_files_are_refused_only_locally(tmp_path):
     )  # a cluster's paths: not checked here
 
 
+def test_a_model_path_that_is_not_a_model_is_refused_and_only_relative_paths_name_the_cwd(
+    tmp_path,
+):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "data.jsonl").write_text("{}\n")
+    (problem,) = _problems(f"model.path={tmp_path}/empty")
+    assert (
+        problem
+        == f"model.path: {tmp_path}/empty has no config.json: not a Hugging Face model directory"
+    )
+    (problem,) = _problems(f"model.path={tmp_path}/data.jsonl")
+    assert problem.startswith(f"model.path: {tmp_path}/data.jsonl is a file but not a .gguf")
+    (problem,) = _problems(f"model.path={tmp_path}/nope")
+    assert "relative paths" not in problem
+    (problem,) = _problems("model.path=nope-model")
+    assert f"(relative paths are from {os.getcwd()})" in problem
+
+
 def test_run_with_a_missing_dataset_exits_2_with_one_line_before_ray(tmp_path):
     done = subprocess.run(
         [
@@ -135,11 +153,9 @@ def test_an_unknown_reward_name_is_reported_once_when_checked_locally():
 def test_a_resume_directory_that_holds_no_checkpoint_is_refused_naming_the_field(tmp_path):
     (problem,) = _problems(f"checkpoint.resume={tmp_path}", f"output_dir={tmp_path}")
     assert problem.startswith(f"checkpoint.resume: '{tmp_path}' exists but is not a checkpoint")
-    (tmp_path / "checkpoints" / "step_3").mkdir(parents=True)  # a run directory: accepted
-    preflight(
-        parse_job_spec("", [f"checkpoint.resume={tmp_path}", f"output_dir={tmp_path}"]),
-        local=True,
-    )
+    (tmp_path / "checkpoints" / "step_3").mkdir(parents=True)  # an incomplete save only
+    (problem,) = _problems(f"checkpoint.resume={tmp_path}", f"output_dir={tmp_path}")
+    assert problem.startswith(f"checkpoint.resume: '{tmp_path}' holds no checkpoint that passes")
 
 
 def test_an_output_dir_that_cannot_be_written_is_refused_naming_the_field(tmp_path):

@@ -39,8 +39,11 @@ def test_resume_accepts_its_keywords_and_existing_checkpoints_only(tmp_path):
     assert resume_problems("auto") == [] and resume_problems("never") == []
     (problem,) = resume_problems(str(tmp_path))  # exists, but holds no checkpoint
     assert "exists but is not a checkpoint" in problem
-    (tmp_path / "step_2").mkdir()
-    assert resume_problems(str(tmp_path / "step_2")) == resume_problems(str(tmp_path)) == []
+    (tmp_path / "step_2").mkdir()  # a checkpoint's shape, without its manifest
+    (problem,) = resume_problems(str(tmp_path / "step_2"))
+    assert "fails verification" in problem and "meta.json" in problem
+    (problem,) = resume_problems(str(tmp_path))
+    assert "holds no checkpoint that passes verification" in problem
     (problem,) = resume_problems(str(tmp_path / "nope"))
     assert problem.startswith("checkpoint.resume: ") and "existing checkpoint path" in problem
     aside = tmp_path / "step_1.unverified-20261205-101500"
@@ -77,7 +80,15 @@ def test_a_malformed_override_is_named(tmp_path):
     path.write_text("steps: 2\n")
     with pytest.raises(SpecError) as info:
         load_job_spec(path, ["steps.x=1"])
-    assert info.value.problems == ["override 'steps.x=1': steps.x: cannot set a field inside a int"]
+    assert info.value.problems == [
+        "override 'steps.x=1': steps.x: steps is a value (2), not a section with fields"
+    ]
+    with pytest.raises(SpecError) as info:
+        load_job_spec(path, ["rollout.n=4", "rollout.n.x.y=3"])
+    assert info.value.problems == [
+        "override 'rollout.n.x.y=3': rollout.n.x.y: rollout.n is a value (4), not a section with "
+        "fields"
+    ]
 
 
 def test_a_spec_file_that_is_not_utf8_text_is_refused_naming_the_file(tmp_path):

@@ -114,6 +114,18 @@ def test_report_of_a_missing_directory_says_it_does_not_exist(tmp_path):
     assert result.exit_code == 2 and "does not exist" in result.output
 
 
+def test_report_to_an_out_that_cannot_be_a_directory_is_one_line_exit_1(tmp_path):
+    (tmp_path / "run").mkdir()
+    synthetic_run(tmp_path / "run")
+    (tmp_path / "a-file").write_text("keep")
+    for out in (tmp_path / "a-file", tmp_path / "a-file" / "report"):
+        result = CliRunner().invoke(app, ["report", str(tmp_path / "run"), "--out", str(out)])
+        assert result.exit_code == 1, result.output
+        assert f"report failed: cannot write the report to {out}" in result.output
+        assert "Traceback" not in result.output
+    assert (tmp_path / "a-file").read_text() == "keep"
+
+
 def test_position_curves_are_picked_evenly_including_first_and_last_step():
     assert spread([0, 1], 6) == [0, 1]
     assert spread(list(range(11)), 3) == [0, 5, 10]

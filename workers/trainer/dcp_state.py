@@ -7,7 +7,10 @@ rank count of the reading group, so a resume may use another ``num_workers``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -17,6 +20,16 @@ from torch import nn
 from fp8rl.workers.model.build import DTYPES
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def single_process_io() -> Iterator[None]:
+    """Silence ``torch.distributed.checkpoint``'s UserWarning that a save/load without a process
+    group runs in one process: fp8rl asks for exactly that (``no_dist``), and the warning reached
+    every run's, resume's and export's console."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        yield
 
 
 def save_state(
@@ -47,11 +60,12 @@ def save_state(
         model_state = {
             k: v.to(stored) if v.is_floating_point() else v for k, v in model_state.items()
         }
-    dcp.save(
-        {"model": model_state} | ({"optim": optim_state} if optimizer_state else {}),
-        checkpoint_id=target,
-        no_dist=not dist.is_initialized(),
-    )
+    with single_process_io():
+        dcp.save(
+            {"model": model_state} | ({"optim": optim_state} if optimizer_state else {}),
+            checkpoint_id=target,
+            no_dist=not dist.is_initialized(),
+        )
     mine = sorted(p for p in target.glob(f"__{rank}_*") if p.is_file())
     return [*mine, target / ".metadata"] if rank == 0 else mine
 
@@ -76,7 +90,8 @@ def load_state(model: nn.Module, optimizer: torch.optim.Optimizer, source: Path)
     saved_keys = dcp.FileSystemReader(source).read_metadata().state_dict_metadata
     with_optimizer = any(key.startswith("optim.") for key in saved_keys)
     state = {"model": model_state} | ({"optim": optim_state} if with_optimizer else {})
-    dcp.load(state, checkpoint_id=source, no_dist=not dist.is_initialized())
+    with single_process_io():
+        dcp.load(state, checkpoint_id=source, no_dist=not dist.is_initialized())
     if with_optimizer:
         set_state_dict(
             model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
