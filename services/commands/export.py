@@ -29,7 +29,11 @@ def export(
         int | None, typer.Option(help="Export this step's checkpoint (default: latest).")
     ] = None,
     out: Annotated[
-        Path | None, typer.Option(help="Target directory (default RUN_DIR/exports/FORMAT-step_N).")
+        Path | None,
+        typer.Option(
+            help="Target directory (default RUN_DIR/exports/FORMAT-step_N). A previous export "
+            "there is replaced; any other non-empty directory is refused."
+        ),
     ] = None,
 ) -> None:
     """Export a checkpoint as a Hugging Face model directory.
