@@ -34,14 +34,20 @@ CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuob
 
 
 def compile_forward(
-    fp8: bool, stages: int, maxnreg: int | None, late_v: bool = False, warps: int = att.NUM_WARPS
+    fp8: bool,
+    stages: int,
+    maxnreg: int | None,
+    late_v: bool = False,
+    warps: int = att.NUM_WARPS,
+    bm: int = att.BLOCK_M,
 ):
-    """Compile the committed forward for sm_90 at one launch; the CompiledKernel."""
+    """Compile the committed forward for sm_90 at one launch (``bm`` rows a tile); the
+    CompiledKernel."""
     fn = att._fwd_kernel
     kv = "*fp8e4nv" if fp8 else "*bf16"
     pointers = {"Q": "*bf16", "K": kv, "V": kv, "KS": "*fp32", "VS": "*fp32", "OUT": "*bf16"}
     pointers |= {"LSE": "*fp32", "NVIS": "*i32"}
-    constants = {"D": 128, "BM": att.BLOCK_M, "BN": att.BLOCK_N}
+    constants = {"D": 128, "BM": bm, "BN": att.BLOCK_N}
     constants |= {"KV_FP8": fp8, "LATE_V": late_v}
     signature = {
         name: pointers.get(name, "constexpr" if name in constants else "i32")
