@@ -13,9 +13,9 @@ stage() { echo "=== $1 ($(date -u +%T))"; }
 source benchmarks/device_env.sh || exit 1
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 stage mma-v2
-(cd benchmarks && timeout 300 python3 attention_mma_v2.py) > "$R/attention-mma-v2.txt" 2>&1
+(cd benchmarks && timeout 280 python3 attention_mma_v2.py) > "$R/attention-mma-v2.txt" 2>&1
 stage parity-tests
-timeout 180 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu > "$R/gpu-tests.txt" 2>&1
+timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu > "$R/gpu-tests.txt" 2>&1
 echo "pytest rc=$?" >> "$R/gpu-tests.txt"
 stage done
 grep -E "passed|failed|rc=" "$R/gpu-tests.txt" | tail -4
