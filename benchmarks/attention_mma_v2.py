@@ -40,7 +40,9 @@ from fp8rl.kernels.kv import kv_quantize, kv_round_trip, kv_scale_from_amax
 
 H, HKV, D = 32, 8, 128
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: TRITON_INTERPRET=1, logic only
-DT = torch.bfloat16 if DEV == "cuda" else torch.float16  # the interpreter rounds to BF16 its own way
+DT = (
+    torch.bfloat16 if DEV == "cuda" else torch.float16
+)  # the interpreter rounds to BF16 its own way
 G = H // HKV
 SCALE = D**-0.5
 PAIRS = {  # name: ((trainer rows, warps), (decode rows, warps))
