@@ -22,8 +22,15 @@ C is the control: the committed trainer (64 rows / 4 warps, wgmma) against 16 ro
 to differ on heavy-tailed inputs. Checks every decode position against the trainer's full-sequence
 row on heavy-tailed inputs (Student-t, outlier channels), BF16 and FP8 caches (the trainer reads
 ``kv_round_trip`` keys), then times decode calls (CUDA graph, µs) and the trainer forward at
-4 × 4,096 causal. Nothing here changes the committed kernel; a pairing that is bitwise and faster
-would become its constants.
+4 × 4,096 causal. Nothing here changes the committed kernel.
+
+Result (H100, Triton 3.6, 2026-12-05, ``results/issue14/mma-v2-1205``): B and E are bitwise over
+BF16 caches (A and C are not), but a BF16 decode call is no faster on them (64 × 2,176 keys:
+192 µs on every tile but 16 / 1) and the trainer forward doubles (1.6 → 3.2-3.5 ms). Over an
+FP8 cache 16 / 2 is 6-11 % faster, but no pairing is bitwise there, not even E: an mma.sync tile
+that dequantizes the cache in registers does not give the rows of the same tile over the
+round-tripped BF16 keys (the committed 64-row wgmma tile does: ``fp8_kv_bitwise_probe.py``).
+The pairing was not adopted.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 # Make this checkout importable as `fp8rl` on a GPU machine that has torch but no package index
 # (the H200 device: no pydantic, no Ray). Source it from the repository root:
 #
-#   source benchmarks/device_env.sh && python3 -m pytest -m gpu tests
+#   source benchmarks/device_env.sh && python3 -m pytest -m gpu tests/fp8_kernels tests/gpu
 #
 # Wheels missing there travel in ./.whl (git-ignored), fetched here with
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \

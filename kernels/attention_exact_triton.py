@@ -30,7 +30,11 @@ output bits depend only on that row's query, the keys/values it can see and the 
   |Δlogp| 0.004 (tiny-llama) and 0.03 / 0.11 (small-llama; BF16 / unified FP8 mode, BF16 cache)
   with them on (2026-12-04). The two MMA instructions need not round a sum alike. So the
   invariant default keeps 64-row tiles, exact mode never runs 16-row ones, and an FP8 cache keeps
-  64 (with 16 it was no faster).
+  64 (with 16 it was no faster). Pairing mma.sync tiles on both sides (trainer 32 rows / 4 warps,
+  decode 16 / 2) keeps BF16 rows bitwise on heavy-tailed inputs but is no faster there (192 µs
+  either way, 64 × 2,176 keys), doubles the trainer forward (3.2 against 1.6 ms at 4 × 4,096),
+  and over an FP8 cache, where it is 6-11 % faster, its rows are not the round-tripped BF16 rows
+  even with the same tiles on both sides (``benchmarks/attention_mma_v2.py``, H100, 2026-12-05).
 * **Fixed key order.** Each query row walks key blocks of ``BLOCK_N`` from key 0 upwards: key
   ``j`` always sits at column ``j % BLOCK_N`` of block ``j // BLOCK_N``, and each score is one
   ``tl.dot`` over the head dim with the same instruction sequence whatever the other rows of the
@@ -96,13 +100,6 @@ size 256 (3 stages of its tiles would not fit in shared memory)."""
 DECODE_BLOCK_M = 16
 """Row tile of a BF16 ``decode_tiles`` call (Lq = 1) with at most this many query heads per KV
 head (module doc, "Decode tiles")."""
-PAIRED_DECODE_TILES: tuple[int, int] | None = None
-"""(rows, warps) of every call whose rows fit one tile (``G·Lq ≤ rows``: decode steps), paired
-with the trainer's ``(BLOCK_M, NUM_WARPS)`` so that a row's bits stay the trainer's: both sides
-must compile to the same MMA instruction (mma.sync: fewer than 4 warps, or 32-row tiles) with a
-row's keys spread alike over threads and warps (``benchmarks/attention_mma_v2.py`` checks a
-pairing on the GPU). None (the default): decode runs the trainer's tiles. Applies to BF16 and FP8
-caches; ``FP8_KV_MAXNREG`` is not applied to these tiles."""
 DQ_TILES = (128, 64, 8, 3)
 """(query rows, keys, warps, stages) of the backward's dQ kernel at head size ≤ 128. The
 backward need not be invariant, so its tiles are free to tune, each kernel its own
@@ -316,25 +313,21 @@ def _forward(
     out = torch.empty(b, h, lq, d, dtype=q.dtype, device=q.device)
     lse = torch.empty(b, h, lq, dtype=torch.float32, device=q.device)
     r = g * lq
-    bm, warps, stages = BLOCK_M, NUM_WARPS, FP8_KV_STAGES if fp8 else NUM_STAGES
+    bm, stages = BLOCK_M, FP8_KV_STAGES if fp8 else NUM_STAGES
     bf16 = q.dtype == torch.bfloat16 and not fp8
-    paired = PAIRED_DECODE_TILES is not None and r <= PAIRED_DECODE_TILES[0]
-    if paired:
-        bm, warps = PAIRED_DECODE_TILES
-        stages = FP8_KV_STAGES if fp8 else DECODE_STAGES
-    elif decode_tiles and bf16 and lq == 1 and r <= DECODE_BLOCK_M:
+    if decode_tiles and bf16 and lq == 1 and r <= DECODE_BLOCK_M:
         bm = DECODE_BLOCK_M  # 2 stages: the fastest there (attention_decode_tile.py)
     elif bf16 and r <= BLOCK_M and d <= 128:  # 3 stages of 256-wide tiles overflow smem
         stages = DECODE_STAGES
     grid = (triton.cdiv(r, bm), b * hkv)
-    cap = {"maxnreg": FP8_KV_MAXNREG} if fp8 and FP8_KV_MAXNREG and not paired else {}
+    cap = {"maxnreg": FP8_KV_MAXNREG} if fp8 and FP8_KV_MAXNREG else {}
     _fwd_kernel[grid](
         q, k, v, k_scale if fp8 else q, v_scale if fp8 else q, out, lse, nvis, lq, lk, r, g, hkv,
         scale * _LOG2E,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
         D=d, BM=bm, BN=BLOCK_N, KV_FP8=fp8, LATE_V=fp8 and FP8_KV_LATE_V,
-        num_warps=warps, num_stages=stages, **cap,
+        num_warps=NUM_WARPS, num_stages=stages, **cap,
     )  # fmt: skip
     return out, lse
 

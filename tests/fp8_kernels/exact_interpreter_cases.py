@@ -75,25 +75,6 @@ def attention_cases() -> None:
         )
         print(f"attn_fp8_cache_late_v_{late} same={torch.equal(cache, trainer)}")
     att.FP8_KV_LATE_V = default
-    # decode calls on their own tiles paired with the trainer's (PAIRED_DECODE_TILES): the
-    # plumbing (grid, launch) gives the trainer's rows, BF16 and FP8 caches; the GPU test checks
-    # the MMA instruction's rounding
-    att.BLOCK_M, att.PAIRED_DECODE_TILES = 32, (16, 2)
-    full = att.exact_attention(q, k, v, nvis, scale=d**-0.5)
-    fp8_full = att.exact_attention(
-        q, kv_dequantize(kq, ks, DT), kv_dequantize(vq, vs, DT), nvis, scale=d**-0.5
-    )
-    paired = True
-    for p in (0, 17, length - 1):
-        step = nvis[:, p : p + 1]
-        qp = q[:, :, p : p + 1]
-        paired &= torch.equal(
-            att.exact_attention(qp, k, v, step, scale=d**-0.5), full[:, :, p : p + 1]
-        )
-        cache = att.exact_attention(qp, kq, vq, step, scale=d**-0.5, k_scale=ks, v_scale=vs)
-        paired &= torch.equal(cache, fp8_full[:, :, p : p + 1])
-    att.BLOCK_M, att.PAIRED_DECODE_TILES = 16, None
-    print(f"attn_paired_decode same={paired}")
     g = torch.randn_like(out)
     (out.float() * g.float()).sum().backward()
     ref_ins = [t.double().requires_grad_() for t in (q, k, v)]

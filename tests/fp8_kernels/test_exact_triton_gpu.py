@@ -112,13 +112,25 @@ def test_prefix_keyword_arguments_match_the_mask():
     assert torch.equal(a, counts)
 
 
+@pytest.mark.parametrize("tailed", [False, True], ids=["randn", "student-t"])
 @pytest.mark.parametrize("exact", [True, False])
-def test_fp8_cache_read_in_place_gives_the_round_tripped_rows_bitwise(exact):
-    """The engine's FP8 KV cache, read in place, against the trainer's kv_round_trip keys."""
+def test_fp8_cache_read_in_place_gives_the_round_tripped_rows_bitwise(exact, tailed):
+    """The engine's FP8 KV cache, read in place, against the trainer's kv_round_trip keys, on
+    N(0, 1) inputs and on heavy-tailed ones (Student-t, 4x outlier channels: many codes near
+    the scale's edges and subnormal codes)."""
     from fp8rl.kernels.kv import kv_quantize, kv_round_trip, kv_scale_from_amax
 
     b, h, hkv, length, d = 3, 32, 8, 150, 128
     q, k, v = _qkv(b, h, hkv, length, length, seed=5)
+    if tailed:
+        g = torch.Generator().manual_seed(5)
+        t = torch.distributions.StudentT(4.0)
+        q, k, v = (
+            (t.sample(x.shape) * (1 + 3 * (torch.rand(d, generator=g) > 0.95).float()))
+            .clamp(-30, 30)
+            .to(CUDA, BF16)
+            for x in (q, k, v)
+        )
     ks, vs = kv_scale_from_amax(k.abs().amax()), kv_scale_from_amax(v.abs().amax())
     pos = torch.arange(length, device=CUDA).expand(b, length)
     k_len = torch.tensor([length, 97, length], device=CUDA)

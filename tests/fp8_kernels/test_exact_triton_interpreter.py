@@ -47,10 +47,6 @@ def test_an_fp8_cache_read_in_place_gives_the_trainers_rows_with_v_dequantized_e
     assert fields[f"attn_fp8_cache_late_v_{late_v}"]["same"] == "True"
 
 
-def test_decode_calls_on_paired_tiles_give_the_trainers_rows_from_bf16_and_fp8_caches(fields):
-    assert fields["attn_paired_decode"]["same"] == "True"
-
-
 @pytest.mark.parametrize("grad", ["attn_dq", "attn_dk", "attn_dv"])
 def test_attention_gradients_are_close_to_float64(fields, grad):
     assert float(fields[grad]["rel"]) < 5e-3
