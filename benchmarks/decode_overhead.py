@@ -4,7 +4,7 @@
 
 Random Llama-3.1-8B-shaped weights, CUDA graphs on. Per mode it times, in ms per decode step:
 
-* ``generate``: ``NativeEngine.generate`` (EOS off) minus one prefill, over ``--gen`` steps, twice
+* ``generate``: the decode loop of ``NativeEngine.generate`` (EOS off), over ``--gen`` steps, twice
   with the same engine (the first call also compiles; both capture one graph per KV bucket);
 * ``capture``: the seconds spent capturing graphs inside the second call, and their count;
 * ``replay``: the captured step alone (forward, lm_head, draw, logprob), replayed back to back
@@ -23,7 +23,7 @@ import dataclasses
 import time
 
 import torch
-from rollout import build, prefill_tokens_per_s
+from rollout import DecodeClock, build
 
 from fp8rl.kernels.invariant import token_logprobs
 from fp8rl.protocol import SamplingParams
@@ -60,14 +60,12 @@ class CaptureClock:
         cuda_graphs.GraphDecoder._capture = self._inner
 
 
-def generate_ms(engine, prompts, gen: int, prefill_s: float) -> tuple[float, CaptureClock]:
-    torch.cuda.synchronize()
+def generate_ms(engine, loop: DecodeClock, prompts, gen: int) -> tuple[float, CaptureClock]:
+    """ms per step of the decode loop of one ``generate`` call, and its graph captures."""
+    loop.reset()
     with CaptureClock() as clock:
-        t0 = time.perf_counter()
         engine.generate(prompts, SamplingParams(n=1, max_tokens=gen, temperature=1.0, seed=0))
-        torch.cuda.synchronize()
-        total = time.perf_counter() - t0
-    return (total - prefill_s) / gen * 1e3, clock
+    return loop.seconds / gen * 1e3, clock
 
 
 @torch.inference_mode()
@@ -121,14 +119,12 @@ def main() -> None:
     for mode in args.modes:
         model = build(cfg, mode, args.prompt + args.gen + 8, "cuda", kv_fp8=False, exact=False)
         for batch in args.batch:
-            prefill_s = (
-                batch * args.prompt / prefill_tokens_per_s(model, cfg, batch, args.prompt, "cuda")
-            )
             engine = NativeEngine(model, eos_token_ids=[], max_batch_size=batch, cuda_graphs=True)
+            loop = DecodeClock(engine, "cuda")
             prompts = torch.randint(0, cfg.vocab_size, (batch, args.prompt)).tolist()
             engine.generate(prompts[:2], SamplingParams(n=1, max_tokens=8, seed=0))  # not batch
-            first, _ = generate_ms(engine, prompts, args.gen, prefill_s)
-            second, clock = generate_ms(engine, prompts, args.gen, prefill_s)
+            first, _ = generate_ms(engine, loop, prompts, args.gen)
+            second, clock = generate_ms(engine, loop, prompts, args.gen)
             replay = replay_ms(model, cfg, batch, context, 50)
             sample = sample_ms(cfg, batch, 50)
             capture = clock.seconds * 1e3 / args.gen
