@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import time
 from pathlib import Path
 
@@ -25,15 +24,10 @@ import torch
 from fp8rl.protocol import Prompt, RolloutRequest, SamplingParams, parse_job_spec
 from fp8rl.workers.algorithms.advantages import group_normalized_advantages
 from fp8rl.workers.model.scoring import pack
+from fp8rl.workers.ports import free_port
 from fp8rl.workers.trainer.batch import TrainBatch
 
 N, PROMPTS = 4, 8
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _trainer(backend: str, job, steps: int, device: str):
@@ -42,7 +36,7 @@ def _trainer(backend: str, job, steps: int, device: str):
         from fp8rl.workers.trainer.megatron.trainer import MegatronTrainer
 
         return MegatronTrainer(
-            job.model, job.trainer, job.algorithm, job.precision, port=_port(), **kw
+            job.model, job.trainer, job.algorithm, job.precision, port=free_port(), **kw
         )
     from fp8rl.workers.trainer.worker import TrainerWorker
 

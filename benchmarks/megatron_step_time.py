@@ -7,7 +7,6 @@ per exact mode: the median seconds per ``train()`` call of steps 2-4 for each ba
 
 from __future__ import annotations
 
-import socket
 import sys
 import time
 
@@ -15,16 +14,11 @@ import torch
 
 from fp8rl.protocol import parse_job_spec
 from fp8rl.workers.model.scoring import pack
+from fp8rl.workers.ports import free_port
 from fp8rl.workers.trainer.batch import TrainBatch
 from fp8rl.workers.trainer.megatron.parallel import shutdown_parallel
 from fp8rl.workers.trainer.megatron.trainer import MegatronTrainer
 from fp8rl.workers.trainer.worker import TrainerWorker
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(
@@ -61,7 +55,7 @@ def main(
                 **kw,
             ),
             "megatron": MegatronTrainer(
-                job.model, job.trainer, job.algorithm, job.precision, port=_port(), **kw
+                job.model, job.trainer, job.algorithm, job.precision, port=free_port(), **kw
             ),
         }
         g = torch.Generator().manual_seed(0)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -68,13 +67,12 @@ def batch(vocab: int, tokens: int, prompt: int):
 
 
 def one_mode(args: argparse.Namespace) -> dict:
+    from fp8rl.workers.ports import free_port
     from fp8rl.workers.trainer.worker import TrainerWorker
 
     cuda = torch.cuda.is_available()
     spec = job(args.preset, args.mode, args.tokens, args.prompt, args.offload, args.device)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        init = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+    init = f"tcp://127.0.0.1:{free_port()}"
     t0 = time.perf_counter()
     trainer = TrainerWorker(
         spec.model,

@@ -20,6 +20,7 @@ import ray
 from fp8rl.protocol import Handshake, JobSpec, PrecisionSpec
 from fp8rl.services.placement import PlacementPlan, RayPlacement, actor_options, plan_placement
 from fp8rl.services.reward_pool import RewardPool
+from fp8rl.workers.ports import free_port
 
 log = logging.getLogger(__name__)
 
@@ -393,7 +394,7 @@ def _megatron_ranks(job: JobSpec, opts: Callable[[str, int], dict]) -> list[Any]
             seed=job.seed,
             rank=rank,
             world=n,
-            port=_free_port(),
+            port=free_port(),
             defer=needs_group(job.trainer),
         )
         for rank in range(n)
@@ -466,12 +467,3 @@ def _rollout_actor(job: JobSpec) -> Any:
 
         return ray.remote(SGLangRolloutWorker)
     raise ValueError(f"rollout.backend={job.rollout.backend} is not implemented")
-
-
-def _free_port() -> int:
-    """A free local TCP port (rendezvous of a one-rank Megatron trainer's process group)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -29,7 +29,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,6 +42,7 @@ from typing import Any
 
 from fp8rl.protocol import RunState
 from fp8rl.services.api.launcher import JobLauncher, JobStatus, LauncherUnavailable
+from fp8rl.workers.ports import free_ports
 
 log = logging.getLogger(__name__)
 LOCAL_RAY_RECORD = "local-ray.json"
@@ -199,23 +199,6 @@ def make_token_private() -> Path | None:
     except OSError:
         return None
     return path
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports free on 127.0.0.1 right now (all held open while choosing)."""
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    return free_ports(1)[0]
 
 
 def dashboard_alive(url: str, *, timeout_s: float = 2.0) -> bool:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from fp8rl.services.api.client import ApiClient
-from fp8rl.services.api.ray_launcher import free_port
+from fp8rl.workers.ports import free_port
 
 TOKEN = "test-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -13,8 +13,6 @@ bitwise.
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import ray
 import torch
@@ -22,6 +20,7 @@ from tiny import tiny_job
 
 from fp8rl.workers.critic.worker import CriticWorker, critic_shards
 from fp8rl.workers.model.scoring import pack
+from fp8rl.workers.ports import free_port
 from fp8rl.workers.trainer.batch import TrainBatch
 
 pytestmark = pytest.mark.slow  # ~1 min on 2 shared cores: 3-5 critic processes
@@ -47,9 +46,7 @@ def _critics(n: int, *, sharded: bool = True) -> list:
     if not sharded:
         return [actor.remote(*args, device="cpu", seed=0)]
     ranks = [actor.remote(*args, device="cpu", seed=0, rank=r, world_size=n) for r in range(n)]
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        init = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+    init = f"tcp://127.0.0.1:{free_port()}"
     ray.get([r.join.remote(init) for r in ranks])
     return ranks
 

@@ -11,14 +11,13 @@ norm moves by FP8 rounding (allowed 5e-3).
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import ray
 import torch
 from tiny import tiny_job
 
 from fp8rl.workers.model.scoring import pack
+from fp8rl.workers.ports import free_port
 from fp8rl.workers.trainer.batch import TrainBatch
 from fp8rl.workers.trainer.worker import TrainerWorker, shard_batch
 from fp8rl.workers.weight_sync.object_store import ObjectStoreTransport
@@ -59,9 +58,7 @@ def _ranks(job, n: int, *, sharded: bool = True) -> list:
     kw = {"total_steps": 4, "batch_size": job.batch_size, "device": "cpu", "seed": 0}
     if not sharded:
         return [actor.remote(*args, **kw)]
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        init = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+    init = f"tcp://127.0.0.1:{free_port()}"
     return [actor.remote(*args, **kw, rank=r, world_size=n, init_method=init) for r in range(n)]
 
 

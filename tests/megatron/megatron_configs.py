@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import socket
-
 import torch
 
 from fp8rl.workers.model.config import DecoderConfig
 from fp8rl.workers.model.decoder import Decoder
 from fp8rl.workers.model.linear import LayerPrecision
+from fp8rl.workers.ports import free_port  # noqa: F401  (the tests import it from here)
 
 TINY_LLAMA = DecoderConfig(  # tied embeddings, GQA 2:1, head_dim 64
     vocab_size=300,
@@ -59,10 +58,3 @@ def hf_state(config: DecoderConfig, seed: int = 0) -> dict[str, torch.Tensor]:
         if name.endswith(("bias", "norm.weight", "layernorm.weight")):
             tensor.normal_(1.0 if "norm" in name else 0.0, 0.1)
     return state
-
-
-def free_port() -> int:
-    """An unused local TCP port (process-group rendezvous)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -263,11 +263,10 @@ def _host_like(param: Tensor) -> Tensor:
 
 
 def free_address() -> tuple[str, int]:
-    """This node's IP (as Ray sees it) and a free TCP port: a process group's rendezvous."""
-    import socket
-
+    """This node's IP (as Ray sees it) and a free TCP port (``ports.free_port``, all
+    interfaces): a process group's rendezvous."""
     import ray
 
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return ray.util.get_node_ip_address(), sock.getsockname()[1]
+    from fp8rl.workers.ports import free_port
+
+    return ray.util.get_node_ip_address(), free_port("")

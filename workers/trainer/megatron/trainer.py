@@ -479,13 +479,9 @@ class MegatronTrainer(TrainerBackend):
 
     def free_address(self) -> tuple[str, int]:
         """This node's IP and a free TCP port (rendezvous of the NCCL weight-broadcast group)."""
-        import socket
+        from fp8rl.workers.trainer.sharding import free_address
 
-        import ray
-
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            return ray.util.get_node_ip_address(), sock.getsockname()[1]
+        return free_address()
 
     def state_dict(self) -> dict[str, Any]:
         """The native trainer's checkpoint layout (``TrainerWorker.state_dict``): the whole model
