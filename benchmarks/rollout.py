@@ -12,7 +12,10 @@ time is clocked around the engine's decode loop inside that call (``DecodeClock`
 measurement (Triton compiling during it) made too large: an 8-layer exact-mode run reported
 83,306 tok/s, 109 % of its roofline, where the loop ran at ~32,700. The roofline for a decode step is (bytes of weights read + bytes of KV cache read) /
 HBM bandwidth: weights once per step (FP8 linears 1 byte/param + scales, BF16 lm_head),
-KV for the average context length of the run. "roofline vs BF16" is the ratio of the two rooflines:
+KV for the average context length of the run. The bandwidth is the device's, measured at the
+start of the run (``hbm_bytes_per_s``: a 1 GiB device copy, the brief's method for the H200's
+4.3 TB/s); until 2026-12-05 it was the H200's 4.3 TB/s on every card, so H100 rows of earlier
+runs read ~30 % low (the H100 copies at ~3.0 TB/s). "roofline vs BF16" is the ratio of the two rooflines:
 the FP8/BF16 speedup if both modes ran at the same % of theirs (with a BF16 KV cache the KV bytes
 are the same in both, so it falls as batch and context grow). Prints a table; ``--out`` writes
 JSON + Markdown.
@@ -37,7 +40,21 @@ from fp8rl.workers.model.decoder import KVCache
 from fp8rl.workers.model.linear import LayerPrecision
 from fp8rl.workers.rollout.engine import NativeEngine
 
-HBM_BYTES_PER_S = 4.3e12  # measured HBM copy bandwidth on the H200
+HBM_BYTES_PER_S = 4.3e12
+"""The H200's measured HBM copy rate (bytes/s): the roofline off CUDA, where none is measured."""
+
+
+def hbm_bytes_per_s(device: str) -> float:
+    """The device's HBM rate in bytes/s: bytes read + written by a 1 GiB device-to-device copy
+    over its time (median of ``triton.testing.do_bench``); ``HBM_BYTES_PER_S`` off CUDA."""
+    if not device.startswith("cuda"):
+        return HBM_BYTES_PER_S
+    from triton.testing import do_bench
+
+    src = torch.empty(2**29, dtype=torch.bfloat16, device=device)  # 1 GiB
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), warmup=50, rep=200)
+    return 2 * 2**30 / (ms * 1e-3)
 
 
 def linear_params(cfg: DecoderConfig) -> int:
@@ -231,6 +248,7 @@ def main() -> None:
 
     gemm_decode_triton.set_enabled(args.decode_gemm == "all")
     gemm_decode_triton.set_parity_safe(args.decode_gemm != "off")
+    hbm = hbm_bytes_per_s(args.device)
     cfg = PRESETS[args.preset]
     if args.layers:
         cfg = dataclasses.replace(cfg, num_hidden_layers=args.layers)
@@ -245,7 +263,7 @@ def main() -> None:
             prefill = prefill_tokens_per_s(model, cfg, batch, args.prompt, args.device)
             ctx = args.prompt + args.gen / 2
             step_bytes = weight_bytes(cfg, mode) + batch * ctx * kv_bytes_per_token(cfg, kv_fp8)
-            roofline = batch / (step_bytes / HBM_BYTES_PER_S)
+            roofline = batch / (step_bytes / hbm)
             variants = [
                 (g, a, r) for g in args.graphs for a in args.decode_attn for r in args.rope_kv
             ]
@@ -284,6 +302,7 @@ def main() -> None:
                         "prefill_tok_s": prefill,
                         "decode_tok_s": rate,
                         "first_call_decode_tok_s": first,
+                        "hbm_tbps": hbm / 1e12,
                         "roofline_tok_s": roofline,
                         "roofline_pct": 100 * rate / roofline,
                         "error": error,
@@ -325,7 +344,7 @@ def main() -> None:
         f"prompt {args.prompt}, gen {args.gen}{', exact' if args.exact else ''}"
         f", decode GEMM {args.decode_gemm}, fast attention {args.attention}\n\n"
         f"{time.strftime('%Y-%m-%d')} · {torch.cuda.get_device_name() if args.device.startswith('cuda') else platform.processor()}"
-        f" · torch {torch.__version__}\n\n"
+        f" · torch {torch.__version__} · roofline at {hbm / 1e12:.2f} TB/s (measured copy)\n\n"
         "| mode | KV | batch | CUDA graphs | decode attn | RoPE+KV fused | prefill tok/s | decode tok/s | vs BF16 | roofline tok/s | % roofline | roofline vs BF16 |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )

@@ -4,14 +4,8 @@
 # 242 collected; the Megatron ones skip on the device), (2) decode at gen 4,096, batch 64, 16
 # layers: BF16 against unified FP8 with an FP8 KV cache, the H100's 1.43x setting. Results:
 # $OUT/h14z24/, tables last.
-set -u
-R=${OUT:-/tmp}/h14z24  # written in place: a call cut by its limit still returns them
-mkdir -p "$R"
-export OMP_NUM_THREADS=4 TRITON_PRINT_AUTOTUNING=0
-stage() { echo "=== $1 ($(date -u +%T))"; }
-source benchmarks/device_env.sh || exit 1
-nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
-git log -1 --format=%h 2>/dev/null
+CALL=h14z24
+source benchmarks/device_calls/preamble.sh
 stage tests
 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests > "$R/gpu-tests.txt" 2>&1
 echo "pytest rc=$?" >> "$R/gpu-tests.txt"

@@ -5,13 +5,8 @@
 # bf16 / unified FP8, exact too). (3) Decode, 32 layers, gen 4,096, batch 64: BF16 against
 # unified FP8 + FP8 KV (the H200 holds BF16 at 32 layers; the H100 did not). Results written in
 # place under $OUT/h14z25/ (a call cut by its limit still returns them), tables last.
-set -u
-R=${OUT:-/tmp}/h14z25
-mkdir -p "$R"
-export OMP_NUM_THREADS=4 TRITON_PRINT_AUTOTUNING=0
-stage() { echo "=== $1 ($(date -u +%T))"; }
-source benchmarks/device_env.sh || exit 1
-nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
+CALL=h14z25
+source benchmarks/device_calls/preamble.sh
 stage gen512
 timeout 180 python3 benchmarks/rollout.py --gen 512 --batch 64 256 --graphs on \
   --modes bf16 unified_fp8 --kv bf16 fp8 --out "$R" --tag gen512-32L > "$R/gen512.txt" 2>&1

@@ -5,13 +5,8 @@
 # and what do they cost (decode calls over BF16 / FP8 caches, the trainer forward); (2) the
 # engine-vs-trainer parity GPU tests (tests/gpu) on this tree. Results written in place under
 # $OUT/h14z26/ (a call cut by its limit still returns them), tables last.
-set -u
-R=${OUT:-/tmp}/h14z26
-mkdir -p "$R"
-export OMP_NUM_THREADS=4 TRITON_PRINT_AUTOTUNING=0
-stage() { echo "=== $1 ($(date -u +%T))"; }
-source benchmarks/device_env.sh || exit 1
-nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
+CALL=h14z26
+source benchmarks/device_calls/preamble.sh
 stage mma-v2
 (cd benchmarks && timeout 280 python3 attention_mma_v2.py) > "$R/attention-mma-v2.txt" 2>&1
 stage parity-tests

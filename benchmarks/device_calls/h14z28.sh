@@ -4,13 +4,8 @@
 # fp8_kv_bitwise_probe.py isolates the cause (the in-kernel dequantization of every code; kernel
 # variants on Student-t inputs); (2) every GPU test the device can run (`-m gpu tests/fp8_kernels tests/gpu`; Megatron needs megatron-core), now with the heavy-tailed
 # FP8-cache case. Results in place under $OUT/h14z28/, tables last.
-set -u
-R=${OUT:-/tmp}/h14z28
-mkdir -p "$R"
-export OMP_NUM_THREADS=4 TRITON_PRINT_AUTOTUNING=0
-stage() { echo "=== $1 ($(date -u +%T))"; }
-source benchmarks/device_env.sh || exit 1
-nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
+CALL=h14z28
+source benchmarks/device_calls/preamble.sh
 stage probe
 (cd benchmarks && timeout 120 python3 fp8_kv_bitwise_probe.py) > "$R/probe.txt" 2>&1
 stage tests
