@@ -21,7 +21,7 @@ class ArithmeticDataset(StrictModel):
     num_problems: int = Field(default=1024, ge=1)
     """How many distinct problems the generator yields (then it repeats, reshuffled)."""
 
-    seed: int = 1234
+    seed: int = Field(default=1234, ge=0, lt=2**62)
     """Seed of the problem generator (independent of the run seed, so splits are stable)."""
 
 

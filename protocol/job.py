@@ -27,8 +27,9 @@ class JobSpec(StrictModel):
     """Run name; the run directory is ``output_dir/name``. Letters, digits, ``._-``; not
     containing ``.previous-`` (earlier runs moved aside)."""
 
-    seed: int = 0
-    """Seed of data order, sampling and initialisation."""
+    seed: int = Field(default=0, ge=0, lt=2**62)
+    """Seed of data order, sampling and initialisation (0 ≤ seed < 2**62, the range the sampling
+    streams derive from; torch refuses seeds past 2**63)."""
 
     steps: int = Field(default=10, ge=1)
     """RL steps (rollout → update → weight sync) to run."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from fp8rl.protocol.base import StrictModel
 
@@ -80,6 +80,16 @@ class RewardSpec(StrictModel):
 
     verifier_processes: int = Field(default=1, ge=1)
     """Child processes per reward worker running math-verify (each call bounded by ``timeout_s``)."""
+
+    @model_validator(mode="after")
+    def _something_scores(self) -> RewardSpec:
+        if not self.functions and self.remote is None:
+            raise ValueError(
+                "functions is empty and remote is not set, so every response would score 0 and "
+                "nothing would be learned: list at least one function (e.g. {name: arithmetic}) "
+                "or set remote"
+            )
+        return self
 
     @field_validator("functions")
     @classmethod

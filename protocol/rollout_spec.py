@@ -28,7 +28,7 @@ class _RolloutCommon(StrictModel):
     stop_token_ids: list[int] = Field(default_factory=list)
     """Extra token ids that end a response (the tokenizer's EOS always does)."""
 
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, lt=2**62)
     """Sampling seed (None: derived from the run seed and the step)."""
 
     num_workers: int = Field(default=1, ge=1)

@@ -9,6 +9,7 @@ rollout, rewards, scoring, advantages, the update, weight sync — lives behind 
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 from contextlib import contextmanager
@@ -31,7 +32,7 @@ from fp8rl.services.oom import oom_message
 from fp8rl.services.preflight import preflight
 from fp8rl.services.rollout_phase import PromptFeed, collect
 from fp8rl.services.run_dir import lock_run_dir, prepare_run_dir, run_dir_of
-from fp8rl.services.run_summary import RunResult, closing_lines
+from fp8rl.services.run_summary import RunResult, closing_lines, continue_command
 from fp8rl.services.runtime import Workers, init_ray, local_cpu_threads, running_workers
 from fp8rl.services.spec_warnings import spec_warnings
 from fp8rl.services.step_batch import (
@@ -55,6 +56,28 @@ log = logging.getLogger("fp8rl.driver")
 USER_ERRORS = (ValueError, FileNotFoundError)
 """Errors a person fixes (exit 2, the message without a traceback): a bad spec or option, a
 missing file, a resume refused because no checkpoint passes verification (``ResumeRefused``)."""
+
+
+_ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?([A-Za-z_]\w*(?:Error|Exception)): (.+)$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def actor_init_user_error(exc: BaseException) -> str | None:
+    """``Type: message`` of a user error raised in a worker's ``__init__`` (a missing weight file,
+    a bad model config, ``resources.device=cuda`` without a GPU), or None.
+
+    Ray reports such a failure as ``ActorDiedError``, which keeps the worker's exception only as
+    text (its traceback, then the ``Type: message`` line last), not as an object: the last such
+    line is read back, and kept when its type is one of ``USER_ERRORS`` by name (the driver then
+    prints it without Ray's traceback and exits 2)."""
+    if not getattr(exc, "actor_init_failed", False):
+        return None
+    names = {cls.__name__ for cls in USER_ERRORS}
+    lines = _ANSI.sub("", str(exc)).splitlines()
+    found = [m for m in map(_ERROR_LINE.match, (line.strip() for line in lines)) if m]
+    if not found or found[-1].group(1) not in names:
+        return None
+    return f"{found[-1].group(1)}: {found[-1].group(2)} (raised while a worker started)"
 
 
 class ResumeRefused(ValueError):
@@ -325,8 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         result = run(job, reporter=reporter)
     except KeyboardInterrupt:
         print(
-            "interrupted: run stopped at once; `fp8rl run ... checkpoint.resume=auto` continues "
-            "from the last checkpoint, if one was written",
+            f"interrupted: run stopped at once; `{continue_command(args[0], args[1:])}` "
+            "continues from the last checkpoint, if one was written",
             file=sys.stderr,
         )
         if reporter:
@@ -334,11 +357,13 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as exc:  # the run failed: say why, once
         cause = getattr(exc, "cause", None) or exc  # a worker's error arrives wrapped by Ray
-        user_error = isinstance(cause, USER_ERRORS)
+        init_error = actor_init_user_error(cause) or actor_init_user_error(exc)
+        user_error = isinstance(cause, USER_ERRORS) or init_error is not None
         oom = oom_message(exc)  # Ray's 20-line memory-monitor report, in one line
         if not user_error and oom is None:  # a bug: keep the traceback in the log
             log.exception("run failed")
-        reason = oom or f"{type(cause).__name__}: {cause}"
+        named = f"{type(cause).__name__}: {cause}"  # a spec's problems name their fields already
+        reason = oom or init_error or (str(cause) if isinstance(cause, SpecError) else named)
         if reporter:
             reporter.finished(RunState.FAILED, reason)
         print(f"run failed: {reason}", file=sys.stderr)

@@ -32,12 +32,15 @@ def preflight(job: JobSpec, *, local: bool) -> None:
             functions are checked too (the REST API checks only what does not depend on the
             machine that will run it: it never reads paths from request input).
     """
+    from fp8rl.workers.reward.functions import kwargs_problems
     from fp8rl.workers.reward.isolated import regex_problems
 
     problems = unsupported(job) + template_problems(job) + placement_problems(job, local=local)
-    problems += regex_problems(job.reward.functions)
-    for name, terms in job.eval.rewards.items():
-        problems += regex_problems(terms, prefix=f"eval.rewards.{name}")
+    term_lists = [("reward.functions", job.reward.functions)]
+    term_lists += [(f"eval.rewards.{name}", terms) for name, terms in job.eval.rewards.items()]
+    for prefix, terms in term_lists:
+        problems += regex_problems(terms, prefix=prefix)
+        problems += kwargs_problems(terms, prefix=prefix, custom=local)
     if local:
         problems += local_problems(job)
     if problems:
@@ -113,6 +116,12 @@ def template_problems(job: JobSpec) -> list[str]:
     except ValueError as exc:
         return [
             f"data.prompt_template: not a valid format string ({exc}); write {{{{ and }}}} for literal braces"
+        ]
+    positional = [f for f in fields if not f or f.split(".")[0].split("[")[0].isdigit()]
+    if positional:
+        return [
+            f"data.prompt_template: positional placeholder {{{positional[0]}}}: name a field of "
+            "the row, e.g. {question} (write {{ and }} for literal braces)"
         ]
     if "question" not in {f.split(".")[0].split("[")[0] for f in fields}:
         return [
@@ -263,6 +272,26 @@ def model_path_problems(model_path: str) -> list[str]:
         return [f"model.path: {model_path} has no config.json: not a Hugging Face model directory"]
     if path.is_file() and path.suffix != ".gguf":
         return [f"model.path: {model_path} is a file but not a .gguf; name a model directory"]
+    if path.is_file():
+        with open(path, "rb") as handle:
+            magic = handle.read(4)
+        return [] if magic == b"GGUF" else [f"model.path: {model_path} is not a GGUF file"]
+    return _hf_dir_problems(model_path, path)
+
+
+def _hf_dir_problems(model_path: str, path: Path) -> list[str]:
+    """A Hugging Face directory's ``config.json`` builds a supported decoder and its safetensors
+    exist (``load_hf_dir``'s checks, without reading the weights)."""
+    import json
+
+    from fp8rl.workers.model.config import config_from_hf
+    from fp8rl.workers.model.loading import safetensors_files
+
+    try:
+        config_from_hf(json.loads((path / "config.json").read_text()))
+        safetensors_files(path)
+    except (ValueError, FileNotFoundError, OSError, TypeError) as exc:  # JSONDecodeError too
+        return [f"model.path: {model_path}: {exc}"]
     return []
 
 

@@ -92,7 +92,14 @@ def resume_command(result: RunResult, *, spec: str, overrides: list[str]) -> str
     dropped = ("checkpoint.resume=",) if result.stopped else ("checkpoint.resume=", "steps=")
     kept = [o for o in overrides if not o.startswith(dropped)]
     more = [] if result.stopped else [f"steps={max(result.total_steps, result.steps_done) * 2}"]
-    words = ["run", spec, *kept, *more, "checkpoint.resume=auto"]
+    return continue_command(spec, [*kept, *more])
+
+
+def continue_command(spec: str, overrides: list[str]) -> str:
+    """``fp8rl run SPEC OVERRIDES checkpoint.resume=auto``, shell-quoted (any earlier
+    ``checkpoint.resume=`` override replaced)."""
+    kept = [o for o in overrides if not o.startswith("checkpoint.resume=")]
+    words = ["run", spec, *kept, "checkpoint.resume=auto"]
     return " ".join([fp8rl_command(), *(shlex.quote(w) for w in words)])
 
 

@@ -24,6 +24,10 @@ def format_prompt(record: PromptRecord, *, template: str) -> str:
         raise ValueError(
             f"prompt_template {template!r} uses {{{error.args[0]}}} but the row has only: {', '.join(fields)}"
         ) from error
+    except (IndexError, AttributeError, TypeError) as error:  # {0}, {question.x}, {question[0][0]}
+        raise ValueError(
+            f"prompt_template {template!r} cannot be applied to a row: {error}"
+        ) from error
 
 
 def render_prompt(

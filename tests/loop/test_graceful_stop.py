@@ -166,3 +166,10 @@ def test_next_commands_use_the_path_the_cli_was_started_by_when_fp8rl_is_not_on_
     assert run_summary.fp8rl_command() == ".venv/bin/fp8rl"
     monkeypatch.setattr(run_summary.shutil, "which", lambda name: "/usr/bin/fp8rl")
     assert run_summary.fp8rl_command() == "fp8rl"
+
+
+def test_the_command_an_interrupted_run_prints_repeats_its_spec_and_overrides():
+    from fp8rl.services.run_summary import continue_command
+
+    command = continue_command("deploy/jobs/q.yaml", ["name=my run", "checkpoint.resume=never"])
+    assert command.endswith("run deploy/jobs/q.yaml 'name=my run' checkpoint.resume=auto")

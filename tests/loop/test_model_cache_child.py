@@ -50,8 +50,8 @@ def test_a_cached_gguf_starts_no_child(tmp_path, monkeypatch, children):
 
 
 def test_another_copys_conversion_does_not_count_as_cached(tmp_path, monkeypatch, children):
-    """A second install (a clean clone's venv) has its own copy of the GGUF and its own cache
-    key: the conversion of the first copy must not keep the second one's out of the child."""
+    """Another file's conversion (another key in the cache) must not keep this one's out of the
+    child."""
     monkeypatch.setenv("FP8RL_CACHE", str(tmp_path / "cache"))
     gguf = _fake_gguf(tmp_path)
     other = tmp_path / "cache" / f"{gguf.stem}-0123456789ab"
@@ -59,6 +59,20 @@ def test_another_copys_conversion_does_not_count_as_cached(tmp_path, monkeypatch
     (other / "config.json").write_text("{}")
     assert model_cache.convert_gguf_in_child(str(gguf))
     assert len(children) == 1
+
+
+def test_copies_of_one_gguf_share_a_cache_entry_and_a_changed_file_gets_its_own(
+    tmp_path, monkeypatch
+):
+    """The cache key is the file's content: a second install of the same wheel (another path,
+    another mtime) reuses the conversion instead of adding ~0.5 GB to the cache."""
+    monkeypatch.setenv("FP8RL_CACHE", str(tmp_path / "cache"))
+    first = _fake_gguf(tmp_path)
+    (tmp_path / "venv2").mkdir()
+    second = _fake_gguf(tmp_path / "venv2")
+    assert loading.gguf_cache_target(first) == loading.gguf_cache_target(second)
+    second.write_bytes(b"GGUF-changed")
+    assert loading.gguf_cache_target(first) != loading.gguf_cache_target(second)
 
 
 def test_models_that_need_no_conversion_start_no_child(tmp_path, children):

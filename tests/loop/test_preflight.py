@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from fp8rl.protocol import SpecError, parse_job_spec
 from fp8rl.services.preflight import preflight
@@ -189,3 +190,84 @@ def test_megatron_not_installed_is_a_problem_naming_the_field_not_a_traceback(mo
     monkeypatch.setattr(pf.importlib.util, "find_spec", find_spec)
     problems = _problems("trainer.backend=megatron")
     assert any(p.startswith("trainer.backend: megatron-core is not installed") for p in problems)
+
+
+def test_a_misspelt_or_clashing_reward_keyword_is_refused_naming_it():
+    (problem,) = _problems(
+        "reward.functions=[{name: arithmetic}, {name: format, kwargs: {patern: x}}]", local=False
+    )
+    assert problem.startswith("reward.functions.1.kwargs.patern: format takes no such argument")
+    assert "did you mean pattern?" in problem
+    (problem,) = _problems("reward.functions=[{name: arithmetic, kwargs: {answer: '4'}}]")
+    assert problem.startswith("reward.functions.0.kwargs.answer: is set by the reward worker")
+    (problem,) = _problems("eval.rewards={gsm: [{name: gsm8k, kwargs: {strict: true}}]}")
+    assert problem.startswith("eval.rewards.gsm.0.kwargs.strict: gsm8k takes no such argument")
+    ok = "reward.functions=[{name: format, kwargs: {pattern: 'x'}}]"
+    preflight(parse_job_spec("", [ok]), local=True)
+
+
+def test_a_custom_reward_taking_any_keyword_is_not_second_guessed(tmp_path, monkeypatch):
+    (tmp_path / "my_rewards.py").write_text(
+        "def open_ended(*, response, answer, **kw):\n    return 1.0\n"
+        "def closed(*, response, answer, bonus=0.0):\n    return bonus\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    preflight(
+        parse_job_spec("", ["reward.functions=[{name: my_rewards.open_ended, kwargs: {x: 1}}]"]),
+        local=True,
+    )
+    (problem,) = _problems("reward.functions=[{name: my_rewards.closed, kwargs: {bonsu: 1}}]")
+    assert "takes no such argument (it takes: bonus); did you mean bonus?" in problem
+
+
+def test_a_positional_template_placeholder_is_refused():
+    (problem,) = _problems("data.prompt_template='What is {question} {0}?'", local=False)
+    assert problem.startswith("data.prompt_template: positional placeholder {0}")
+    (problem,) = _problems("data.prompt_template='{question} {}'", local=False)
+    assert problem.startswith("data.prompt_template: positional placeholder {}")
+
+
+def test_a_model_directory_without_weights_or_sizes_and_a_fake_gguf_are_refused(tmp_path):
+    import json
+
+    sizes = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64}
+    sizes |= {"num_hidden_layers": 1, "num_attention_heads": 2, "model_type": "llama"}
+    (tmp_path / "noweights").mkdir()
+    (tmp_path / "noweights" / "config.json").write_text(json.dumps(sizes))
+    (problem,) = _problems(f"model.path={tmp_path}/noweights")
+    assert (
+        problem
+        == f"model.path: {tmp_path}/noweights: no .safetensors weights in {tmp_path}/noweights"
+    )
+    (tmp_path / "nosizes").mkdir()
+    (tmp_path / "nosizes" / "config.json").write_text('{"model_type": "llama"}')
+    (tmp_path / "nosizes" / "model.safetensors").write_bytes(b"")
+    (problem,) = _problems(f"model.path={tmp_path}/nosizes")
+    assert "config.json lacks vocab_size, hidden_size" in problem
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text('{"model_type": "gpt2"}')
+    (problem,) = _problems(f"model.path={tmp_path}/gpt2")
+    assert "model_type 'gpt2' is not supported" in problem
+    (tmp_path / "bad.gguf").write_text("garbage")
+    (problem,) = _problems(f"model.path={tmp_path}/bad.gguf")
+    assert problem == f"model.path: {tmp_path}/bad.gguf is not a GGUF file"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_a_worker_refusing_its_spec_at_start_exits_2_with_its_message_not_a_traceback(tmp_path):
+    """A user error raised in a worker's __init__ (here: resources.device=cuda on a machine
+    without a GPU) reaches the driver as Ray's ActorDiedError, text only; the driver prints the
+    worker's one line and exits 2."""
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "fp8rl.services.driver", "deploy/jobs/quickstart.yaml",
+            "resources.device=cuda", "steps=1", f"output_dir={tmp_path}",
+        ],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert (
+        "run failed: ValueError: resources.device=cuda but no CUDA device is visible to this "
+        "worker (raised while a worker started)" in done.stderr
+    )
+    assert "Traceback" not in done.stderr

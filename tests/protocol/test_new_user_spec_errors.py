@@ -105,3 +105,20 @@ def test_a_spec_file_that_is_not_utf8_text_is_refused_naming_the_file(tmp_path):
 def test_an_infinite_or_nan_number_is_refused_naming_the_field(override):
     with pytest.raises(SpecError, match=override.split("=")[0].replace(".", r"\.")):
         parse_job_spec("", [override])
+
+
+def test_a_spec_that_scores_nothing_is_refused_naming_reward():
+    with pytest.raises(SpecError) as info:
+        parse_job_spec("", ["reward.functions=[]"])
+    assert "reward: " in str(info.value) and "functions is empty and remote is not set" in str(
+        info.value
+    )
+    spec = parse_job_spec("", ["reward.functions=[]", "reward.remote={url: 'http://rm:8000'}"])
+    assert spec.reward.remote is not None
+
+
+@pytest.mark.parametrize("override", ["seed=99999999999999999999999", "seed=-1", "rollout.seed=-3"])
+def test_a_seed_outside_what_the_samplers_take_is_refused_naming_it(override):
+    with pytest.raises(SpecError) as info:
+        parse_job_spec("", [override])
+    assert override.split("=")[0] in str(info.value)

@@ -115,17 +115,31 @@ def _llama3_scaling(inv_freq: Tensor, scaling: dict[str, Any]) -> Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
+REQUIRED_HF_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+)
+"""``config.json`` keys without a default in ``config_from_hf``."""
+
+
 def config_from_hf(cfg: dict[str, Any]) -> DecoderConfig:
     """Build a DecoderConfig from a Hugging Face ``config.json`` dict.
 
     Raises:
-        ValueError: unsupported ``model_type`` (Llama, Mistral, Qwen2/2.5 and Qwen3 are supported).
+        ValueError: unsupported ``model_type`` (Llama, Mistral, Qwen2/2.5 and Qwen3 are supported),
+            or a size key missing (``REQUIRED_HF_KEYS``).
     """
     model_type = cfg.get("model_type", "llama")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
             f"model_type {model_type!r} is not supported; fp8rl's decoder covers {SUPPORTED_MODEL_TYPES}"
         )
+    missing = [key for key in REQUIRED_HF_KEYS if key not in cfg]
+    if missing:
+        raise ValueError(f"config.json lacks {', '.join(missing)}: the decoder's sizes are unknown")
     heads = cfg["num_attention_heads"]
     rope = cfg.get("rope_scaling")
     params = cfg.get("rope_parameters") or {}

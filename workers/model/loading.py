@@ -13,6 +13,7 @@ Nothing is downloaded.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import importlib.util
 import json
@@ -113,14 +114,24 @@ def load_hf_dir(directory: Path, *, load_weights: bool = True) -> ModelSource:
     return ModelSource(config, state, tok, str(directory))
 
 
-def _read_safetensors(directory: Path) -> dict[str, Tensor]:
+def safetensors_files(directory: Path) -> list[str]:
+    """The weight files of a Hugging Face directory: the index's shards, else every
+    ``*.safetensors``. Raises ``FileNotFoundError`` when there is none (or a shard is missing)."""
     index = directory / "model.safetensors.index.json"
     if index.exists():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [name for name in files if not (directory / name).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{index.name} lists {missing[0]}, missing from {directory}")
     else:
         files = sorted(p.name for p in directory.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no .safetensors weights in {directory}")
+    return files
+
+
+def _read_safetensors(directory: Path) -> dict[str, Tensor]:
+    files = safetensors_files(directory)
     state: dict[str, Tensor] = {}
     for name in files:
         state.update(load_file(directory / name))
@@ -128,13 +139,25 @@ def _read_safetensors(directory: Path) -> dict[str, Tensor]:
 
 
 def gguf_cache_target(gguf: Path) -> Path:
-    """The cache directory ``hf_dir_for_gguf`` converts ``gguf`` into (keyed by the file's
-    resolved path, size and mtime: another copy of the same file has its own directory)."""
+    """The cache directory ``hf_dir_for_gguf`` converts ``gguf`` into, keyed by the file's
+    content (SHA-256): every copy of the same file (another virtualenv or clone installing the
+    same wheel) shares one converted directory, and a changed file gets a new one. Until
+    2026-12-05 the key was the path, size and mtime, so each install added a copy (~0.5 GB for
+    SmolLM2) that nothing removed."""
     stat = gguf.stat()
-    key = hashlib.sha256(
-        f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
-    ).hexdigest()[:12]
+    key = _content_key(str(gguf.resolve()), stat.st_size, stat.st_mtime_ns)
     return cache_dir() / f"{gguf.stem}-{key}"
+
+
+@functools.lru_cache(maxsize=16)
+def _content_key(path: str, size: int, mtime_ns: int) -> str:
+    """The first 12 hex digits of the file's SHA-256 (hashed once per process and file version:
+    ~0.1 s for SmolLM2's 100 MB; size and mtime are part of the memo key)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()[:12]
 
 
 def hf_dir_for_gguf(gguf: Path) -> Path:

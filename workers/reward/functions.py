@@ -9,9 +9,11 @@ by the worker rather than called inline.
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fp8rl.workers.reward.isolated import compile_user_regex
 from fp8rl.workers.reward.parsing import (
@@ -22,7 +24,13 @@ from fp8rl.workers.reward.parsing import (
     numbers_equal,
 )
 
+if TYPE_CHECKING:
+    from fp8rl.protocol.reward_spec import RewardFnSpec
+
 RewardFn = Callable[..., float]
+
+CALL_ARGUMENTS = ("prompt", "response", "answer")
+"""What the worker passes every reward function for each response (never set in ``kwargs``)."""
 
 DEFAULT_FORMAT_PATTERN = r"\\(?:boxed|fbox)\s*\{.*\}|####\s*-?\$?\s?\d"
 """``format`` reward default: the response states a final answer (a box or a ``####`` marker)."""
@@ -124,3 +132,43 @@ def resolve_reward_fn(name: str) -> RewardFn:
     if not callable(fn):
         raise ValueError(f"reward function {name!r} is not callable")
     return fn
+
+
+def kwargs_problems(
+    terms: list[RewardFnSpec], prefix: str = "reward.functions", *, custom: bool = False
+) -> list[str]:
+    """``prefix.N.kwargs.KEY: reason`` for each keyword a term's function does not take.
+
+    The built-ins swallow unknown keywords (``**_``), so a misspelt one (``patern``) would run
+    silently with the default; a keyword the worker sets per response (``CALL_ARGUMENTS``)
+    would clash with it. ``custom``: also resolve dotted-path functions (importing their module,
+    on the machine that runs the job) and check those without a ``**kwargs`` parameter.
+    """
+    problems = []
+    for index, term in enumerate(terms):
+        fn = BUILTIN_FUNCTIONS.get(term.name)
+        if fn is None and custom and ("." in term.name or ":" in term.name):
+            try:
+                fn = resolve_reward_fn(term.name)
+            except ValueError:
+                continue  # reported as the term's name
+        if fn is None or not term.kwargs:
+            continue
+        params = inspect.signature(fn).parameters.values()
+        open_ended = any(p.kind is p.VAR_KEYWORD for p in params)
+        takes = [
+            p.name
+            for p in params
+            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in CALL_ARGUMENTS
+        ]
+        for key in term.kwargs:
+            if key in CALL_ARGUMENTS:
+                why = "is set by the reward worker for each response; remove it from kwargs"
+            elif key in takes or (open_ended and term.name not in BUILTIN_FUNCTIONS):
+                continue
+            else:
+                close = difflib.get_close_matches(key, takes, n=1)
+                hint = f"; did you mean {close[0]}?" if close else ""
+                why = f"{term.name} takes no such argument (it takes: {', '.join(takes) or 'none'}){hint}"
+            problems.append(f"{prefix}.{index}.kwargs.{key}: {why}")
+    return problems
