@@ -159,6 +159,11 @@ def plot_reward(data: RunData, path: Path) -> Path:
         if len(std) == len(mean):
             low = [m - s for m, s in zip(mean, std, strict=True)]
             high = [m + s for m, s in zip(mean, std, strict=True)]
+            _, lowest = data.series("reward/min")  # the band never leaves the step's rewards
+            _, highest = data.series("reward/max")
+            if len(lowest) == len(low) and len(highest) == len(high):
+                low = [max(a, b) for a, b in zip(low, lowest, strict=True)]
+                high = [min(a, b) for a, b in zip(high, highest, strict=True)]
             ax.fill_between(steps, low, high, alpha=0.2, label="± std")
         for key, style in (("reward/min", ":"), ("reward/max", "--")):
             s, v = data.series(key)

@@ -47,4 +47,19 @@ def spec_warnings(job: JobSpec) -> list[str]:
                 "silently stalls. Use master_dtype: float32 (FSDP shards it; trainer.offload "
                 "moves it to the host if memory is short)"
             )
+    updates = optimizer_updates(job)
+    if job.trainer.warmup_steps >= updates:
+        peak = updates / (job.trainer.warmup_steps + 1)
+        out.append(
+            f"trainer.warmup_steps: {job.trainer.warmup_steps} optimizer steps of warmup, but the "
+            f"run makes only {updates} ({job.steps} RL steps); the learning rate never reaches "
+            f"trainer.lr (at most {peak:.0%} of it)"
+        )
     return out
+
+
+def optimizer_updates(job: JobSpec) -> int:
+    """Optimizer steps of the whole run: per RL step, ``epochs_per_step`` passes over the batch
+    in mini-batches (what the trainer's LR schedule counts, ``workers.trainer.worker``)."""
+    mini = job.trainer.mini_batch_size or job.batch_size
+    return job.steps * job.trainer.epochs_per_step * -(-job.batch_size // mini)

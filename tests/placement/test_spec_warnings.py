@@ -45,3 +45,10 @@ def test_validate_prints_the_warning(tmp_path):
     result = CliRunner().invoke(app, ["validate", "--no-local", str(spec)])
     assert result.exit_code == 0, result.output
     assert "warning: trainer.master_dtype: bfloat16" in result.output
+
+
+def test_a_warmup_longer_than_the_run_warns_that_the_lr_is_never_reached():
+    (warning,) = spec_warnings(parse_job_spec("", ["trainer.warmup_steps=100", "steps=8"]))
+    assert warning.startswith("trainer.warmup_steps: 100 optimizer steps of warmup")
+    assert "never reaches trainer.lr (at most 8% of it)" in warning
+    assert spec_warnings(parse_job_spec("", ["trainer.warmup_steps=2", "steps=8"])) == []

@@ -158,3 +158,22 @@ def test_report_of_a_run_where_no_step_ran_is_a_user_error(tmp_path):
     result = CliRunner().invoke(app, ["report", str(tmp_path)])
     assert result.exit_code == 2 and "no step ran" in result.output
     assert not (tmp_path / "report").exists()
+
+
+def test_the_reward_band_stays_within_each_steps_lowest_and_highest_reward(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    from fp8rl.services.report import plot_reward
+
+    tracker = Tracker(tmp_path, LoggingSpec(backends=[]), config={"name": "band"})
+    for step, (mean, std) in enumerate([(0.1, 0.3), (0.9, 0.3)]):
+        tracker.log(step, {"reward/mean": mean, "reward/std": std, "reward/min": 0.0,
+                           "reward/max": 1.0})  # fmt: skip
+    tracker.close()
+    bands = []
+    monkeypatch.setattr(
+        matplotlib.axes.Axes, "fill_between", lambda self, x, lo, hi, **kw: bands.append((lo, hi))
+    )
+    plot_reward(RunData(tmp_path), tmp_path / "reward.png")
+    ((low, high),) = bands
+    assert low == pytest.approx([0.0, 0.6]) and high == pytest.approx([0.4, 1.0])
